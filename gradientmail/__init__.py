@@ -1,0 +1,61 @@
+"""GradientMail: the exchange of Decoupled DiLoCo around a PyTorch or MLX training loop.
+
+``import gradientmail as gm``; the names below are the public API (a test keeps them so).
+"""
+
+from gradientmail.algorithms import (
+    DiLoCo,
+    FragmentPlan,
+    NesterovOuter,
+    OuterState,
+    Rda,
+    WeightedMean,
+    plan_fragments,
+)
+from gradientmail.backends import Backend, backend_for, get_backend
+from gradientmail.errors import (
+    ContributionRejected,
+    CorruptPayload,
+    GradientMailError,
+    InvalidConfig,
+    InvalidKey,
+    InvalidRecord,
+    KeyNotFound,
+    MailboxError,
+    MailboxMisconfigured,
+    MailboxUnavailable,
+    RecordExists,
+    RunConfigMismatch,
+    StaleBase,
+    VersionConflict,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DiLoCo",
+    "Rda",
+    "WeightedMean",
+    "NesterovOuter",
+    "OuterState",
+    "FragmentPlan",
+    "plan_fragments",
+    "Backend",
+    "backend_for",
+    "get_backend",
+    "GradientMailError",
+    "InvalidConfig",
+    "RunConfigMismatch",
+    "MailboxError",
+    "InvalidKey",
+    "KeyNotFound",
+    "RecordExists",
+    "VersionConflict",
+    "MailboxUnavailable",
+    "MailboxMisconfigured",
+    "CorruptPayload",
+    "InvalidRecord",
+    "StaleBase",
+    "ContributionRejected",
+    "__version__",
+]

@@ -1,0 +1,122 @@
+"""Decoupled DiLoCo: the algorithm configuration and the functions of the merge note.
+
+``weight``, ``weighted_mean`` and ``rda`` live in :mod:`gradientmail.algorithms.merge`
+and are re-exported here, where the merge note names them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from gradientmail.algorithms.config_base import FrozenConfig
+from gradientmail.algorithms.merge import MergeConfig, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
+from gradientmail.algorithms.outer import NesterovOuter
+from gradientmail.backends.payload import FLOAT_DTYPES
+
+__all__ = ["DiLoCo", "Rda", "WeightedMean", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
+
+RUN_FIELDS = (
+    "sync_every",
+    "fragments",
+    "merge",
+    "outer_lr",
+    "outer_momentum",
+    "quorum_size",
+    "delta_dtype",
+    "grace_gamma",
+    "grace_tau",
+    "grace_max_s",
+)
+"""Fields every node of a run must share (compared against the manifest on join).
+
+The rest (``in_flight``, ``overlap_steps``, ``mixing``, ``flush_on_close``) shape one
+learner's own loop, so a Mac learner and a GPU learner may set them differently.
+"""
+
+
+class DiLoCo(FrozenConfig):
+    """Every knob of the exchange, with the guide's defaults; invalid values name the field.
+
+    Standard DiLoCo and Local SGD are configurations of this class; see
+    :meth:`standard` and :meth:`local_sgd`.
+    """
+
+    sync_every: int = Field(default=100, gt=0)
+    """Nominal local steps between two exchanges of the same fragment (H)."""
+    fragments: int = Field(default=1, gt=0)
+    """Number of fragments (P), exchanged staggered across ``sync_every``."""
+    merge: MergeConfig = Field(default_factory=Rda)
+    """How the syncer merges accepted deltas: ``Rda()`` (default) or ``WeightedMean()``."""
+    outer_lr: float = Field(default=0.7, gt=0)
+    """Nesterov outer learning rate η."""
+    outer_momentum: float = Field(default=0.9, ge=0, lt=1)
+    """Nesterov outer momentum β; 0 disables momentum."""
+    quorum_size: int = Field(default=1, gt=0)
+    """Accepted contributions a round waits for before its grace window (K)."""
+    in_flight: int | None = Field(default=None, gt=0)
+    """Most fragments one learner may have published and not yet aligned; None: no bound."""
+    overlap_steps: int | None = Field(default=None, ge=0)
+    """Most steps a learner trains past a publish before waiting for the commit; None: never waits."""
+    mixing: float = Field(default=0.0, ge=0, lt=1)
+    """Share of the local parameters kept when aligning (α in θ ← α·θ_local + (1−α)·θ_commit); 0 replaces."""
+    flush_on_close: bool = False
+    """Publish the steps trained since the last contribution when the session closes."""
+    delta_dtype: str | None = None
+    """dtype deltas travel in; None means each parameter's own dtype."""
+    grace_gamma: float = Field(default=0.2, ge=0, le=1)
+    """γ: share of the slack a grace window may spend."""
+    grace_tau: float = Field(default=2.0, ge=0)
+    """τ: learner steps of slack a round may use (grace = γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))."""
+    grace_max_s: float = Field(default=60.0, ge=0)
+    """Upper bound on one grace window, in seconds."""
+
+    @field_validator("outer_lr", "grace_tau", "grace_max_s", "grace_gamma", "outer_momentum", "mixing")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be finite")
+        return value
+
+    @field_validator("delta_dtype")
+    @classmethod
+    def _float_dtype(cls, value: str | None) -> str | None:
+        if value is not None and value not in FLOAT_DTYPES:
+            raise ValueError(f"must be None or one of {sorted(FLOAT_DTYPES)}")
+        return value
+
+    @field_validator("in_flight")
+    @classmethod
+    def _within_fragments(cls, value: int | None, info: ValidationInfo) -> int | None:
+        fragments = info.data.get("fragments")
+        if value is not None and fragments is not None and value > fragments:
+            raise ValueError(f"cannot exceed fragments ({fragments})")
+        return value
+
+    @property
+    def outer(self) -> NesterovOuter:
+        """The outer optimizer these settings describe."""
+        return NesterovOuter(lr=self.outer_lr, momentum=self.outer_momentum)
+
+    def run_config(self) -> dict[str, Any]:
+        """The manifest form restricted to the fields every node must share."""
+        form = self.to_manifest()
+        return {name: form[name] for name in RUN_FIELDS}
+
+    @classmethod
+    def standard(cls, nodes: int, sync_every: int = 500, **overrides: Any) -> DiLoCo:
+        """Standard DiLoCo: one fragment, lock-step rounds of every node, weighted mean."""
+        settings: dict[str, Any] = dict(
+            sync_every=sync_every, fragments=1, in_flight=1, overlap_steps=0, merge=WeightedMean(), quorum_size=nodes
+        )
+        settings.update(overrides)
+        return cls(**settings)
+
+    @classmethod
+    def local_sgd(cls, sync_every: int = 100, **overrides: Any) -> DiLoCo:
+        """Local SGD: every commit is the weighted average of the learners' parameters."""
+        settings: dict[str, Any] = dict(sync_every=sync_every, outer_lr=1.0, outer_momentum=0.0, merge=WeightedMean())
+        settings.update(overrides)
+        return cls(**settings)

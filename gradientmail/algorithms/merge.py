@@ -1,0 +1,140 @@
+"""Contribution weights and the two merges: weighted mean and radial-directional averaging.
+
+Formulas and the numbers they must reproduce are in the merge note (docs/algorithms.md).
+Every function is written once against :class:`~gradientmail.backends.Backend`; the
+backend is taken from the tensors unless given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Literal, Union
+
+from pydantic import Field
+
+from gradientmail.algorithms.config_base import FrozenConfig
+from gradientmail.backends import Backend, Tensor, backend_for
+from gradientmail.errors import ContributionRejected, InvalidConfig
+
+NORM_FLOOR = 1e-12
+"""φ(x) = x / max(‖x‖, NORM_FLOOR): keeps a zero delta at zero instead of dividing by zero."""
+
+
+def weight(steps: int, samples: int) -> float:
+    """Contribution weight samples² / steps (Decoupled DiLoCo's "quantity × quality").
+
+    The counts are squared as exact integers before the one division, so the note's table
+    (A 786,432; B 393,216; C 196,608) comes out exactly. Raises ``ContributionRejected``
+    with reason ``zero_steps`` for zero steps and ``invalid_counts`` for negative or
+    non-integer counts.
+    """
+    for label, value in (("steps", steps), ("samples", samples)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ContributionRejected("invalid_counts", f"{label} must be a non-negative integer, got {value!r}")
+    if steps == 0:
+        raise ContributionRejected("zero_steps", "a contribution with zero steps carries no training")
+    return (samples * samples) / steps
+
+
+def normalized(weights: Sequence[float]) -> list[float]:
+    """Weights divided by their sum, in Python floats (before any tensor is scaled)."""
+    values = [float(w) for w in weights]
+    if not values:
+        raise ValueError("a merge needs at least one contribution")
+    if any(not (w >= 0.0) or w == float("inf") for w in values):
+        raise ValueError(f"weights must be finite and non-negative, got {values}")
+    total = sum(values)
+    if total <= 0.0:
+        raise ValueError("the contribution weights sum to zero")
+    return [w / total for w in values]
+
+
+def weighted_mean(deltas: Sequence[Tensor], weights: Sequence[float], backend: Backend | None = None) -> Tensor:
+    """Δ = Σ wᵢΔᵢ / W for one tensor, in fp32."""
+    _check_lengths(deltas, weights)
+    backend = backend or backend_for(deltas[0])
+    return backend.linear_combination(list(deltas), normalized(weights))
+
+
+def rda(deltas: Sequence[Tensor], weights: Sequence[float], backend: Backend | None = None) -> Tensor:
+    """Radial-directional average of one tensor: mean length r̄ on the mean direction φ(u).
+
+    r̄ = Σ wᵢ‖Δᵢ‖ / W and u = Σ wᵢ φ(Δᵢ) / W; the result is r̄ φ(u), zero when u is zero.
+    """
+    _check_lengths(deltas, weights)
+    backend = backend or backend_for(deltas[0])
+    shares = normalized(weights)
+    norms = [backend.norm(delta) for delta in deltas]
+    mean_length = sum(share * norm for share, norm in zip(shares, norms))
+    directions = [backend.scale(delta, 1.0 / max(norm, NORM_FLOOR)) for delta, norm in zip(deltas, norms)]
+    mean_direction = backend.linear_combination(directions, shares)
+    return backend.scale(mean_direction, mean_length / max(backend.norm(mean_direction), NORM_FLOOR))
+
+
+def _check_lengths(deltas: Sequence[Tensor], weights: Sequence[float]) -> None:
+    if len(deltas) != len(weights):
+        raise ValueError(f"{len(deltas)} deltas but {len(weights)} weights")
+    if not deltas:
+        raise ValueError("a merge needs at least one contribution")
+
+
+class WeightedMean(FrozenConfig):
+    """Merge every tensor with the weighted mean (what the Pythia-14M run used)."""
+
+    kind: Literal["weighted_mean"] = "weighted_mean"
+
+    def uses_weighted_mean(self, tensor_name: str) -> bool:
+        return True
+
+
+class Rda(FrozenConfig):
+    """The default merge: RDA, except the weighted mean for tensors named like ``direct_pattern``.
+
+    A tensor whose lowercased name contains ``direct_pattern`` takes the weighted mean
+    (the paper's treatment of embeddings). The pattern itself is not lowercased, so one
+    with capitals matches nothing. ``None`` applies RDA to every tensor.
+    """
+
+    kind: Literal["rda"] = "rda"
+    direct_pattern: str | None = Field(default="embed", min_length=1)
+
+    def uses_weighted_mean(self, tensor_name: str) -> bool:
+        return self.direct_pattern is not None and self.direct_pattern in tensor_name.lower()
+
+
+MergeConfig = Annotated[Union[Rda, WeightedMean], Field(discriminator="kind")]
+"""The merge field of :class:`~gradientmail.algorithms.diloco.DiLoCo` (manifest: ``{"kind": …}``)."""
+
+MERGE_KINDS = ("rda", "weighted_mean")
+
+
+def merge_from_manifest(form: Mapping[str, object]) -> Rda | WeightedMean:
+    """The merge configuration for its manifest form; unknown kinds name the field."""
+    kind = form.get("kind") if isinstance(form, Mapping) else None
+    if kind == "rda":
+        return Rda.from_manifest(form)
+    if kind == "weighted_mean":
+        return WeightedMean.from_manifest(form)
+    raise InvalidConfig("merge.kind", f"unknown merge kind {kind!r}; expected one of {list(MERGE_KINDS)}")
+
+
+def merge_tensors(
+    merge: Rda | WeightedMean,
+    deltas: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    backend: Backend | None = None,
+) -> dict[str, Tensor]:
+    """Merge a fragment: one delta mapping per contribution, the same weights for every tensor."""
+    if not deltas:
+        raise ValueError("a merge needs at least one contribution")
+    names = list(deltas[0])
+    for index, delta in enumerate(deltas[1:], start=1):
+        if list(delta) != names:
+            raise ValueError(f"contribution {index} holds tensors {sorted(delta)}, expected {sorted(names)}")
+    backend = backend or backend_for(deltas[0][names[0]])
+    merged: dict[str, Tensor] = {}
+    for name in names:
+        column = [delta[name] for delta in deltas]
+        combine = weighted_mean if merge.uses_weighted_mean(name) else rda
+        merged[name] = combine(column, weights, backend)
+    return merged

@@ -1,0 +1,103 @@
+"""The outer optimizer: Nesterov momentum on merged deltas, with fp32 state.
+
+For a fragment with parameters θ (the committed anchor), momentum m and merged delta Δ
+(anchor − local, so it points *against* the update direction, like a gradient):
+
+    m ← β·m + Δ
+    θ ← θ − η·(Δ + β·m)
+
+From zero momentum the first step moves θ by η(1 + β)Δ = 1.33Δ with the defaults η = 0.7,
+β = 0.9. A round made only of final contributions (flush on close) applies θ ← θ − Δ and
+leaves the momentum as it was. Parameters stored in bf16/fp16 keep an fp32 master copy in
+the outer state, so rounding to the storage dtype never accumulates across rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gradientmail.backends import Backend, Tensor
+
+LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
+
+
+@dataclass
+class OuterState:
+    """Per-fragment outer optimizer state; fp32 tensors keyed by parameter name."""
+
+    momentum: dict[str, Tensor] = field(default_factory=dict)
+    master: dict[str, Tensor] = field(default_factory=dict)
+    """fp32 master copies, only for parameters stored in a low-precision dtype."""
+
+    @classmethod
+    def zeros(cls, backend: Backend, params: Mapping[str, Tensor]) -> OuterState:
+        """Zero momentum (and fp32 masters where needed) for a fragment's first version."""
+        state = cls()
+        for name, value in params.items():
+            state.momentum[name] = backend.zeros_like(value)
+            if backend.dtype_name(value) in LOW_PRECISION_DTYPES:
+                state.master[name] = backend.to_fp32(value)
+        return state
+
+    def to_tensors(self) -> dict[str, Tensor]:
+        """Flat mapping for a payload: ``momentum/<name>`` and ``master/<name>``."""
+        flat = {f"momentum/{name}": value for name, value in self.momentum.items()}
+        flat.update({f"master/{name}": value for name, value in self.master.items()})
+        return flat
+
+    @classmethod
+    def from_tensors(cls, flat: Mapping[str, Tensor]) -> OuterState:
+        state = cls()
+        for key, value in flat.items():
+            kind, _, name = key.partition("/")
+            if kind == "momentum":
+                state.momentum[name] = value
+            elif kind == "master":
+                state.master[name] = value
+            else:
+                raise ValueError(f"unexpected outer-state tensor {key!r}")
+        return state
+
+
+@dataclass(frozen=True)
+class NesterovOuter:
+    """Nesterov momentum with the DiLoCo defaults (lr 0.7, momentum 0.9)."""
+
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def step(
+        self,
+        backend: Backend,
+        params: Mapping[str, Tensor],
+        state: OuterState,
+        delta: Mapping[str, Tensor],
+        *,
+        final: bool = False,
+    ) -> tuple[dict[str, Tensor], OuterState]:
+        """New parameters (in each parameter's own dtype) and the new outer state.
+
+        ``final`` marks a round made only of final contributions: θ − Δ, momentum kept.
+        """
+        new_params: dict[str, Tensor] = {}
+        new_state = OuterState()
+        for name, value in params.items():
+            dtype = backend.dtype_name(value)
+            theta = state.master[name] if name in state.master else backend.to_fp32(value)
+            grad = backend.to_fp32(delta[name])
+            momentum = state.momentum.get(name)
+            if momentum is None:
+                momentum = backend.zeros_like(value)
+            if final:
+                update = grad
+                new_momentum = momentum
+            else:
+                new_momentum = backend.add(backend.scale(momentum, self.momentum), grad)
+                update = backend.scale(backend.add(grad, backend.scale(new_momentum, self.momentum)), self.lr)
+            theta = backend.sub(theta, update)
+            new_state.momentum[name] = new_momentum
+            if dtype in LOW_PRECISION_DTYPES:
+                new_state.master[name] = theta
+            new_params[name] = backend.cast(theta, dtype)
+        return new_params, new_state

@@ -1,0 +1,109 @@
+"""MLX backend: models are ``mlx.nn.Module``s (parameters flattened with dotted names)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import ml_dtypes
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+
+from gradientmail.backends.base import Backend, Tensor
+from gradientmail.backends.payload import dtype_name_of
+
+_MLX_DTYPES: dict[str, mx.Dtype] = {
+    "float64": mx.float64,
+    "float32": mx.float32,
+    "float16": mx.float16,
+    "bfloat16": mx.bfloat16,
+    "int64": mx.int64,
+    "int32": mx.int32,
+    "int16": mx.int16,
+    "int8": mx.int8,
+    "uint64": mx.uint64,
+    "uint32": mx.uint32,
+    "uint16": mx.uint16,
+    "uint8": mx.uint8,
+    "bool": mx.bool_,
+}
+_NAMES = {dtype: name for name, dtype in _MLX_DTYPES.items()}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class MlxBackend(Backend):
+    name = "mlx"
+
+    def owns(self, obj: object) -> bool:
+        return isinstance(obj, (mx.array, nn.Module))
+
+    def to_fp32(self, tensor: Tensor) -> mx.array:
+        return mx.array(tensor, dtype=mx.float32)
+
+    def norm(self, tensor: Tensor) -> float:
+        # float64 exists on MLX's CPU stream only; unified memory makes that copy-free on a Mac
+        flat = tensor.reshape(-1).astype(mx.float64, stream=mx.cpu)
+        return float(mx.sqrt(mx.sum(flat * flat, stream=mx.cpu), stream=mx.cpu).item())
+
+    def scale(self, tensor: Tensor, factor: float) -> mx.array:
+        return tensor.astype(mx.float32) * factor
+
+    def add(self, a: Tensor, b: Tensor) -> mx.array:
+        return a.astype(mx.float32) + b.astype(mx.float32)
+
+    def sub(self, a: Tensor, b: Tensor) -> mx.array:
+        return a.astype(mx.float32) - b.astype(mx.float32)
+
+    def zeros_like(self, tensor: Tensor) -> mx.array:
+        return mx.zeros(tensor.shape, dtype=mx.float32)
+
+    def all_finite(self, tensor: Tensor) -> bool:
+        if not mx.issubdtype(tensor.dtype, mx.floating):
+            return True
+        return bool(mx.all(mx.isfinite(tensor.astype(mx.float32))).item())
+
+    def cast(self, tensor: Tensor, dtype: str) -> mx.array:
+        return tensor.astype(self.mlx_dtype(dtype))
+
+    def dtype_name(self, tensor: Tensor) -> str:
+        try:
+            return _NAMES[tensor.dtype]
+        except KeyError:
+            raise TypeError(f"dtype {tensor.dtype} is not supported") from None
+
+    def shape(self, tensor: Tensor) -> tuple[int, ...]:
+        return tuple(int(d) for d in tensor.shape)
+
+    @staticmethod
+    def mlx_dtype(name: str) -> mx.Dtype:
+        try:
+            return _MLX_DTYPES[name]
+        except KeyError:
+            raise TypeError(f"MLX has no dtype {name!r}; known: {sorted(_MLX_DTYPES)}") from None
+
+    def to_numpy(self, tensor: Tensor) -> np.ndarray:
+        if tensor.dtype == mx.bfloat16:  # NumPy's buffer protocol has no bf16: move the bits
+            return np.array(tensor.view(mx.uint16)).view(_BF16)
+        return np.array(tensor)
+
+    def from_numpy(self, array: np.ndarray) -> mx.array:
+        name = dtype_name_of(array)  # refuses dtypes no payload can carry
+        if name == "bfloat16":
+            return mx.array(np.ascontiguousarray(array).view(np.uint16)).view(mx.bfloat16)
+        return mx.array(array, dtype=self.mlx_dtype(name))  # mx.array alone narrows float64
+
+    def copy(self, tensor: Tensor) -> mx.array:
+        return mx.array(tensor)
+
+    def named_parameters(self, model: Any) -> list[tuple[str, Tensor]]:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"expected an mlx.nn.Module, got {type(model).__name__}")
+        return list(tree_flatten(model.parameters()))
+
+    def write_parameters(self, model: Any, values: Mapping[str, Tensor]) -> None:
+        live = dict(self.named_parameters(model))
+        updates = [(name, value.astype(live[name].dtype)) for name, value in values.items()]
+        model.update(tree_unflatten(updates))
+        mx.eval(model.parameters())

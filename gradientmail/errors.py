@@ -1,0 +1,104 @@
+"""The one exception tree of GradientMail.
+
+Every error the library raises on purpose derives from :class:`GradientMailError`; no
+botocore, ``OSError`` or pydantic type escapes a public call. Each docstring says whether
+retrying the same call can help.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GradientMailError",
+    "InvalidConfig",
+    "RunConfigMismatch",
+    "MailboxError",
+    "InvalidKey",
+    "KeyNotFound",
+    "RecordExists",
+    "VersionConflict",
+    "MailboxUnavailable",
+    "MailboxMisconfigured",
+    "CorruptPayload",
+    "InvalidRecord",
+    "StaleBase",
+    "ContributionRejected",
+]
+
+
+class GradientMailError(Exception):
+    """Root of every error GradientMail raises."""
+
+    retryable: bool = False
+
+
+class InvalidConfig(GradientMailError, ValueError):
+    """A setting is out of range or inconsistent. Not retryable: fix the named field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        self.field = field
+        super().__init__(f"{field}: {message}")
+
+
+class RunConfigMismatch(GradientMailError):
+    """This node's algorithm or model differs from the run's manifest. Not retryable."""
+
+    def __init__(self, differences: list[str]) -> None:
+        self.differences = list(differences)
+        super().__init__("run configuration mismatch: " + "; ".join(self.differences))
+
+
+class MailboxError(GradientMailError):
+    """Base of the errors a mailbox raises."""
+
+
+class InvalidKey(MailboxError, ValueError):
+    """A key is malformed or escapes the run's prefix; nothing was read or written."""
+
+
+class KeyNotFound(MailboxError, KeyError):
+    """The key does not exist. Retryable only if another writer is expected to create it."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the plain message
+        return str(self.args[0]) if self.args else "key not found"
+
+
+class RecordExists(MailboxError):
+    """A create-once write found the key already taken by another writer: the race is lost."""
+
+
+class VersionConflict(MailboxError):
+    """A compare-and-swap found a different version token: someone else wrote first."""
+
+
+class MailboxUnavailable(MailboxError):
+    """The store could not be reached or kept failing after retries. Retryable later."""
+
+    retryable = True
+
+
+class MailboxMisconfigured(MailboxError):
+    """The store refuses us for a reason the user must fix (bucket, credentials, features)."""
+
+
+class CorruptPayload(GradientMailError):
+    """A tensor payload failed its checksum or could not be decoded. Not retryable."""
+
+
+class InvalidRecord(GradientMailError, ValueError):
+    """A JSON record is malformed or has an unknown schema version. Not retryable."""
+
+
+class StaleBase(GradientMailError):
+    """A contribution was based on a fragment version that is no longer current."""
+
+
+class ContributionRejected(GradientMailError, ValueError):
+    """A contribution cannot enter a merge; ``reason`` is the code the round record lists.
+
+    Reasons: ``stale``, ``zero_steps``, ``incompatible``, ``non_finite``, ``corrupt``,
+    ``duplicate``, ``invalid_counts``. Not retryable with the same contribution.
+    """
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(f"{reason}: {message}")

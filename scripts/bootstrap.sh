@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Sourced by scripts/train and scripts/test: creates or refreshes .venv so that a fresh
+# clone needs nothing but python3. Re-installs only when the dependency files change.
+set -euo pipefail
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${GRADIENTMAIL_VENV:-$repo_root/.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    echo "setting up $venv" >&2
+    "$python" -m venv "$venv"
+fi
+
+stamp="$venv/.gradientmail-installed"
+wanted="$(cat "$repo_root/pyproject.toml" "$repo_root/constraints.txt" | sha256sum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
+    echo "installing gradientmail and its dependencies into $venv" >&2
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
+        -c "$repo_root/constraints.txt" \
+        -e "$repo_root[torch,mlx,s3,telemetry,dev]"
+    echo "$wanted" > "$stamp"
+fi
+
+export PATH="$venv/bin:$PATH"
