@@ -1,0 +1,105 @@
+"""The key layout of a run: the one place that knows where every record and blob lives.
+
+All keys are relative to the run's root (an S3 prefix or a directory). Numbers are
+zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Key layout".
+
+    manifest.json                                            create-once, first learner
+    fragments/{f:04d}/rounds/{v:010d}.json                   create-once, commits version v
+    fragments/{f:04d}/versions/{v:010d}/params-{w}.safetensors   immutable, writer-unique
+    fragments/{f:04d}/versions/{v:010d}/outer-{w}.safetensors    immutable, writer-unique
+    fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.safetensors   immutable, learner
+    fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.json          create-once, learner
+    leases/learners/{learner}.json                           mutable (compare-and-swap)
+    leases/syncer.json                                       mutable (compare-and-swap), election
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from gradientmail.errors import InvalidKey
+from gradientmail.records.models import check_learner_id as _check_id
+
+def check_learner_id(value: str) -> str:
+    """The id, or ``InvalidKey`` if it could not be a path segment of ours."""
+    try:
+        return _check_id(value)
+    except ValueError as exc:
+        raise InvalidKey(str(exc)) from None
+
+
+MANIFEST = "manifest.json"
+SYNCER_LEASE = "leases/syncer.json"
+LEARNER_LEASES = "leases/learners/"
+FRAGMENTS = "fragments/"
+
+_ROUND = re.compile(r"^fragments/(\d{4})/rounds/(\d{10})\.json$")
+_CONTRIBUTION = re.compile(r"^fragments/(\d{4})/contributions/(\d{10})/([^/]+)-(\d{10})\.json$")
+
+
+def fragment_root(fragment: int) -> str:
+    return f"fragments/{fragment:04d}/"
+
+
+def rounds_prefix(fragment: int) -> str:
+    return f"{fragment_root(fragment)}rounds/"
+
+
+def round_record(fragment: int, version: int) -> str:
+    """The create-once record whose existence commits ``version`` of ``fragment``."""
+    return f"{rounds_prefix(fragment)}{version:010d}.json"
+
+
+def params_blob(fragment: int, version: int, writer: str) -> str:
+    """Parameters of a version, under a key unique to the writer (losers never overwrite)."""
+    return f"{fragment_root(fragment)}versions/{version:010d}/params-{check_learner_id(writer)}.safetensors"
+
+
+def outer_state_blob(fragment: int, version: int, writer: str) -> str:
+    return f"{fragment_root(fragment)}versions/{version:010d}/outer-{check_learner_id(writer)}.safetensors"
+
+
+def contributions_prefix(fragment: int, base_version: int) -> str:
+    """Where contributions against ``base_version`` of ``fragment`` are listed."""
+    return f"{fragment_root(fragment)}contributions/{base_version:010d}/"
+
+
+def contribution_record(fragment: int, base_version: int, learner: str, sequence: int) -> str:
+    return f"{contributions_prefix(fragment, base_version)}{check_learner_id(learner)}-{sequence:010d}.json"
+
+
+def contribution_blob(fragment: int, base_version: int, learner: str, sequence: int) -> str:
+    return f"{contributions_prefix(fragment, base_version)}{check_learner_id(learner)}-{sequence:010d}.safetensors"
+
+
+def learner_lease(learner: str) -> str:
+    return f"{LEARNER_LEASES}{check_learner_id(learner)}.json"
+
+
+@dataclass(frozen=True)
+class RoundKey:
+    fragment: int
+    version: int
+
+
+@dataclass(frozen=True)
+class ContributionKey:
+    fragment: int
+    base_version: int
+    learner: str
+    sequence: int
+
+
+def parse_round_record(key: str) -> RoundKey | None:
+    """The (fragment, version) a round-record key names, or None for any other key."""
+    match = _ROUND.match(key)
+    return RoundKey(int(match[1]), int(match[2])) if match else None
+
+
+def parse_contribution_record(key: str) -> ContributionKey | None:
+    """What a contribution-record key names, or None if the key is not one."""
+    match = _CONTRIBUTION.match(key)
+    if not match:
+        return None
+    return ContributionKey(int(match[1]), int(match[2]), match[3], int(match[4]))
