@@ -13,9 +13,12 @@ from gradientmail.algorithms import (
     plan_fragments,
 )
 from gradientmail.backends import Backend, backend_for, get_backend
+from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
+from gradientmail.session import Session, SessionOptions
 from gradientmail.errors import (
     ContributionRejected,
     CorruptPayload,
+    IncompatiblePayload,
     GradientMailError,
     InvalidConfig,
     InvalidKey,
@@ -33,6 +36,14 @@ from gradientmail.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Session",
+    "SessionOptions",
+    "Mailbox",
+    "MemoryMailbox",
+    "FileMailbox",
+    "S3Mailbox",
+    "MinioMailbox",
+    "open_mailbox",
     "DiLoCo",
     "Rda",
     "WeightedMean",
@@ -57,5 +68,6 @@ __all__ = [
     "InvalidRecord",
     "StaleBase",
     "ContributionRejected",
+    "IncompatiblePayload",
     "__version__",
 ]

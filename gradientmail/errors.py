@@ -22,6 +22,7 @@ __all__ = [
     "InvalidRecord",
     "StaleBase",
     "ContributionRejected",
+    "IncompatiblePayload",
 ]
 
 
@@ -102,3 +103,7 @@ class ContributionRejected(GradientMailError, ValueError):
     def __init__(self, reason: str, message: str) -> None:
         self.reason = reason
         super().__init__(f"{reason}: {message}")
+
+
+class IncompatiblePayload(GradientMailError, ValueError):
+    """A payload's tensor names, shapes or dtypes differ from the run's. Not retryable."""

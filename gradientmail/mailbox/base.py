@@ -1,0 +1,107 @@
+"""The mailbox contract: the only storage operations the GradientMail protocol needs.
+
+A mailbox is a flat map from keys to immutable byte strings, shared by every node of a
+run. Each store (memory, directory, S3) is one module beside this one and passes the same
+conformance suite; nothing above this layer knows which store it talks to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Mailbox", "ObjectInfo"]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What :meth:`Mailbox.head` learns about a stored object without reading it."""
+
+    size: int
+    """Length of the stored payload in bytes."""
+    token: str
+    """Version token of the stored payload (an S3 ETag or equivalent)."""
+
+
+@runtime_checkable
+class Mailbox(Protocol):
+    """A key/value store with create-once and compare-and-swap writes.
+
+    Contract, for every store:
+
+    * **Keys** are ``str`` relative to the mailbox root, checked by
+      :func:`gradientmail.mailbox.validate_key` before any I/O; a bad key raises
+      ``InvalidKey`` and nothing is read or written. **Payloads** are ``bytes``.
+    * **Version tokens** are opaque strings. A write returns the token of what it stored;
+      a token changes whenever the stored bytes change, but two writes of identical bytes
+      may share a token (an S3 ETag is the MD5 of a simple upload). Records that must show
+      liveness (leases) therefore carry a counter, so each renewal changes the bytes.
+    * **Atomicity**: a reader sees either a whole previous payload or a whole new one,
+      never a partial write; ``create`` and ``swap`` are atomic against every other write.
+    * **Errors**: only ``gradientmail.errors`` types escape. ``KeyNotFound``,
+      ``RecordExists`` and ``VersionConflict`` are outcomes the protocol handles;
+      ``MailboxUnavailable`` (retryable later) means the store kept failing after the
+      store's own retries; ``MailboxMisconfigured`` means the user must fix something
+      (bucket, credentials, a store without conditional writes).
+    * ``close()`` releases connections and threads; it is idempotent, and a closed
+      mailbox reopens them if it is used again.
+    """
+
+    @property
+    def url(self) -> str:
+        """The URL form (``s3://…``, ``file:///…``, ``memory://…``) that
+        :func:`gradientmail.mailbox.open_mailbox` turns back into an equivalent mailbox.
+        It never contains secrets."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """Return the stored bytes. Raises ``KeyNotFound`` if the key is absent."""
+        ...
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """Return the stored bytes and the token of exactly those bytes (for a later
+        :meth:`swap`). Raises ``KeyNotFound`` if the key is absent."""
+        ...
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Return size and token of the stored object, or None if it is absent."""
+        ...
+
+    def exists(self, key: str) -> bool:
+        """True when the key holds an object."""
+        ...
+
+    def put(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key``, replacing any previous object; return its token."""
+        ...
+
+    def create(self, key: str, data: bytes) -> str:
+        """Store ``data`` only if ``key`` is absent (create-once); return its token.
+
+        Raises ``RecordExists`` when another writer's object is already there; the
+        stored bytes are then that writer's. A retry of our own write whose response was
+        lost is recognised and reported as our success, never as ``RecordExists``.
+        """
+        ...
+
+    def swap(self, key: str, data: bytes, expected_token: str) -> str:
+        """Replace the object only if its token is still ``expected_token``
+        (compare-and-swap); return the new token.
+
+        Raises ``VersionConflict`` when someone else wrote since the token was read, and
+        ``KeyNotFound`` when the key has been deleted.
+        """
+        ...
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Return every key that starts with ``prefix`` (string prefix, as S3), all pages,
+        sorted. Objects whose names are not valid keys are skipped."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Remove the object; deleting an absent key is not an error."""
+        ...
+
+    def close(self) -> None:
+        """Release connections and worker threads (idempotent)."""
+        ...

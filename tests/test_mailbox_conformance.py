@@ -1,0 +1,235 @@
+"""The mailbox contract, written once and run against every store (memory, file, s3)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gradientmail.errors import InvalidKey, KeyNotFound, RecordExists, VersionConflict
+from gradientmail.mailbox import Mailbox, ObjectInfo, open_mailbox
+
+BAD_KEYS = {
+    "../x": "'..' segment",
+    "/abs": "starts with '/'",
+    "a//b": "empty segment",
+    "a\\b": "backslash",
+    "a b": "characters outside",
+    "": "empty",
+    ".": "'.' segment",
+    "a/./b": "'.' segment",
+    "a/": "ends with '/'",
+    "x" * 600: "characters long",
+    "é": "characters outside",
+}
+
+
+def test_satisfies_the_protocol(mailbox: Mailbox) -> None:
+    assert isinstance(mailbox, Mailbox)
+
+
+def test_put_get_round_trip(mailbox: Mailbox) -> None:
+    token = mailbox.put("a/b.bin", b"\x00payload\xff")
+    assert isinstance(token, str) and token
+    assert mailbox.get("a/b.bin") == b"\x00payload\xff"
+    assert mailbox.get_versioned("a/b.bin") == (b"\x00payload\xff", token)
+
+
+def test_put_overwrites_and_changes_the_token(mailbox: Mailbox) -> None:
+    first = mailbox.put("k", b"one")
+    second = mailbox.put("k", b"two")
+    assert first != second
+    assert mailbox.get("k") == b"two"
+
+
+def test_empty_payload(mailbox: Mailbox) -> None:
+    mailbox.put("empty", b"")
+    assert mailbox.get("empty") == b""
+    assert mailbox.head("empty") == ObjectInfo(size=0, token=mailbox.get_versioned("empty")[1])
+
+
+def test_bytearray_and_memoryview_payloads_are_stored_as_bytes(mailbox: Mailbox) -> None:
+    buffer = bytearray(b"mutable")
+    mailbox.put("ba", buffer)  # type: ignore[arg-type]
+    buffer[:] = b"changed"
+    mailbox.put("mv", memoryview(b"view"))  # type: ignore[arg-type]
+    assert mailbox.get("ba") == b"mutable"
+    assert mailbox.get("mv") == b"view"
+
+
+def test_str_payload_is_refused(mailbox: Mailbox) -> None:
+    with pytest.raises(TypeError):
+        mailbox.put("k", "text")  # type: ignore[arg-type]
+    assert not mailbox.exists("k")
+
+
+def test_missing_key(mailbox: Mailbox) -> None:
+    with pytest.raises(KeyNotFound, match="nope"):
+        mailbox.get("nope")
+    with pytest.raises(KeyNotFound):
+        mailbox.get_versioned("nope")
+    assert mailbox.head("nope") is None
+    assert mailbox.exists("nope") is False
+
+
+def test_head_and_exists(mailbox: Mailbox) -> None:
+    token = mailbox.put("dir/obj", b"12345")
+    assert mailbox.head("dir/obj") == ObjectInfo(size=5, token=token)
+    assert mailbox.exists("dir/obj")
+    assert not mailbox.exists("dir")  # a key's parent is not itself a key
+    assert mailbox.head("dir") is None
+    with pytest.raises(KeyNotFound):
+        mailbox.get("dir")
+
+
+def test_delete_is_idempotent(mailbox: Mailbox) -> None:
+    mailbox.put("gone", b"x")
+    mailbox.delete("gone")
+    mailbox.delete("gone")
+    mailbox.delete("never-existed")
+    assert not mailbox.exists("gone")
+    with pytest.raises(KeyNotFound):
+        mailbox.get("gone")
+
+
+def test_list_is_sorted_and_filtered_by_string_prefix(mailbox: Mailbox) -> None:
+    keys = ["b/2", "a/1.x", "a/10/x", "ab", "a/1/deep/er", "c"]
+    for key in keys:
+        mailbox.put(key, key.encode())
+    assert mailbox.list() == sorted(keys)
+    assert mailbox.list("a/") == ["a/1.x", "a/1/deep/er", "a/10/x"]
+    assert mailbox.list("a/1") == ["a/1.x", "a/1/deep/er", "a/10/x"]
+    assert mailbox.list("a/1/") == ["a/1/deep/er"]
+    assert mailbox.list("a") == ["a/1.x", "a/1/deep/er", "a/10/x", "ab"]
+    assert mailbox.list("a/1/deep/er") == ["a/1/deep/er"]
+    assert mailbox.list("zzz") == []
+    mailbox.delete("c")
+    assert "c" not in mailbox.list()
+
+
+def test_list_of_a_run_layout(mailbox: Mailbox) -> None:
+    mailbox.put("runs/r1/manifest.json", b"m")
+    mailbox.put("runs/r1/rounds/0001.json", b"r")
+    mailbox.put("runs/r10/manifest.json", b"m")
+    assert mailbox.list("runs/r1/") == ["runs/r1/manifest.json", "runs/r1/rounds/0001.json"]
+    assert mailbox.list("runs/r1") == [
+        "runs/r1/manifest.json",
+        "runs/r1/rounds/0001.json",
+        "runs/r10/manifest.json",
+    ]
+
+
+def test_create_once(mailbox: Mailbox) -> None:
+    token = mailbox.create("rounds/0001.json", b"first writer")
+    with pytest.raises(RecordExists, match=r"rounds/0001\.json"):
+        mailbox.create("rounds/0001.json", b"second writer")
+    assert mailbox.get_versioned("rounds/0001.json") == (b"first writer", token)
+
+
+def test_create_after_delete_succeeds(mailbox: Mailbox) -> None:
+    mailbox.create("k", b"one")
+    mailbox.delete("k")
+    mailbox.create("k", b"two")
+    assert mailbox.get("k") == b"two"
+
+
+def test_swap(mailbox: Mailbox) -> None:
+    first = mailbox.put("lease", b"holder=a;n=1")
+    second = mailbox.swap("lease", b"holder=a;n=2", first)
+    assert second != first
+    with pytest.raises(VersionConflict):
+        mailbox.swap("lease", b"holder=b;n=1", first)  # stale token
+    assert mailbox.get("lease") == b"holder=a;n=2"
+    third = mailbox.swap("lease", b"holder=b;n=3", second)
+    assert mailbox.get_versioned("lease") == (b"holder=b;n=3", third)
+
+
+def test_swap_with_a_token_from_get_versioned_and_head(mailbox: Mailbox) -> None:
+    mailbox.create("lease", b"v1")
+    _, token = mailbox.get_versioned("lease")
+    info = mailbox.head("lease")
+    assert info is not None and info.token == token
+    mailbox.swap("lease", b"v2", token)
+    with pytest.raises(VersionConflict):
+        mailbox.swap("lease", b"v3", info.token)
+
+
+def test_swap_on_a_missing_key(mailbox: Mailbox) -> None:
+    token = mailbox.put("lease", b"v1")
+    mailbox.delete("lease")
+    with pytest.raises(KeyNotFound):
+        mailbox.swap("lease", b"v2", token)
+    assert not mailbox.exists("lease")
+
+
+def test_swap_with_a_garbage_token(mailbox: Mailbox) -> None:
+    mailbox.put("lease", b"v1")
+    with pytest.raises(VersionConflict):
+        mailbox.swap("lease", b"v2", "not-a-token")
+    assert mailbox.get("lease") == b"v1"
+
+
+@pytest.mark.parametrize("key, problem", BAD_KEYS.items(), ids=list(range(len(BAD_KEYS))))
+def test_bad_keys_are_refused_before_any_io(mailbox: Mailbox, key: str, problem: str) -> None:
+    calls = [
+        lambda: mailbox.get(key),
+        lambda: mailbox.get_versioned(key),
+        lambda: mailbox.head(key),
+        lambda: mailbox.exists(key),
+        lambda: mailbox.put(key, b"x"),
+        lambda: mailbox.create(key, b"x"),
+        lambda: mailbox.swap(key, b"x", "token"),
+        lambda: mailbox.delete(key),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidKey) as caught:
+            call()
+        assert problem in str(caught.value)
+        assert repr(key)[:40].rstrip("'") in str(caught.value)
+    assert mailbox.list() == []
+
+
+def test_bad_list_prefix_is_refused(mailbox: Mailbox) -> None:
+    for prefix in ["../", "/abs", "a//", "a b"]:
+        with pytest.raises(InvalidKey):
+            mailbox.list(prefix)
+
+
+def test_non_str_key_is_refused(mailbox: Mailbox) -> None:
+    with pytest.raises(InvalidKey, match="must be a str"):
+        mailbox.get(b"bytes-key")  # type: ignore[arg-type]
+
+
+def test_list_returns_every_key_past_one_page(mailbox: Mailbox) -> None:
+    """More than S3's 1,000-key page: all come back, so listing follows every page."""
+    keys = [f"many/{index:05d}" for index in range(1100)]
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda key: mailbox.put(key, b""), keys))
+    mailbox.put("other/x", b"")
+    assert mailbox.list("many/") == keys
+    assert len(mailbox.list()) == 1101
+
+
+def test_url_reopens_the_same_mailbox(
+    mailbox: Mailbox, store: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if store == "s3":  # s3:// URLs carry no secrets: credentials come the standard way
+        server = request.getfixturevalue("s3_server")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    mailbox.put("shared", b"seen by both")
+    other = open_mailbox(mailbox.url)
+    try:
+        assert other.url == mailbox.url
+        assert other.get("shared") == b"seen by both"
+        other.put("back", b"and back")
+        assert mailbox.get("back") == b"and back"
+    finally:
+        other.close()
+
+
+def test_close_is_idempotent_and_the_mailbox_reopens(mailbox: Mailbox) -> None:
+    mailbox.put("k", b"v")
+    mailbox.close()
+    mailbox.close()
+    assert mailbox.get("k") == b"v"
