@@ -108,4 +108,7 @@ def test_key_layout_sorts_numerically_and_parses_back():
     parsed = keys.parse_contribution_record(keys.contribution_record(2, 5, "node-a", 7))
     assert parsed == keys.ContributionKey(2, 5, "node-a", 7)
     assert keys.contribution_blob(2, 5, "node-a", 7).startswith(keys.contributions_prefix(2, 5))
-    assert keys.params_blob(0, 1, "w1") != keys.params_blob(0, 1, "w2")
+    assert keys.params_blob(0, 1, "w1", "ab12") != keys.params_blob(0, 1, "w1", "cd34")
+    assert keys.params_blob(0, 1, "x" * 64, "0123456789ab").endswith(".0123456789ab.safetensors")
+    with pytest.raises(gm.InvalidKey):
+        keys.params_blob(0, 1, "w1", "../x")

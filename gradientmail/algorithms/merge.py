@@ -129,7 +129,7 @@ def merge_tensors(
         raise ValueError("a merge needs at least one contribution")
     names = list(deltas[0])
     for index, delta in enumerate(deltas[1:], start=1):
-        if list(delta) != names:
+        if set(delta) != set(names):
             raise ValueError(f"contribution {index} holds tensors {sorted(delta)}, expected {sorted(names)}")
     backend = backend or backend_for(deltas[0][names[0]])
     merged: dict[str, Tensor] = {}

@@ -5,8 +5,8 @@ zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Ke
 
     manifest.json                                            create-once, first learner
     fragments/{f:04d}/rounds/{v:010d}.json                   create-once, commits version v
-    fragments/{f:04d}/versions/{v:010d}/params-{w}.safetensors   immutable, writer-unique
-    fragments/{f:04d}/versions/{v:010d}/outer-{w}.safetensors    immutable, writer-unique
+    fragments/{f:04d}/versions/{v:010d}/params-{w}.{a}.safetensors   immutable, attempt-unique
+    fragments/{f:04d}/versions/{v:010d}/outer-{w}.{a}.safetensors    immutable, attempt-unique
     fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.safetensors   immutable, learner
     fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.json          create-once, learner
     leases/learners/{learner}.json                           mutable (compare-and-swap)
@@ -51,13 +51,19 @@ def round_record(fragment: int, version: int) -> str:
     return f"{rounds_prefix(fragment)}{version:010d}.json"
 
 
-def params_blob(fragment: int, version: int, writer: str) -> str:
-    """Parameters of a version, under a key unique to the writer (losers never overwrite)."""
-    return f"{fragment_root(fragment)}versions/{version:010d}/params-{check_learner_id(writer)}.safetensors"
+def params_blob(fragment: int, version: int, writer: str, attempt: str) -> str:
+    """Parameters of a version, under a key unique to the commit attempt (losers never overwrite)."""
+    return f"{fragment_root(fragment)}versions/{version:010d}/params-{check_learner_id(writer)}.{_attempt(attempt)}.safetensors"
 
 
-def outer_state_blob(fragment: int, version: int, writer: str) -> str:
-    return f"{fragment_root(fragment)}versions/{version:010d}/outer-{check_learner_id(writer)}.safetensors"
+def outer_state_blob(fragment: int, version: int, writer: str, attempt: str) -> str:
+    return f"{fragment_root(fragment)}versions/{version:010d}/outer-{check_learner_id(writer)}.{_attempt(attempt)}.safetensors"
+
+
+def _attempt(attempt: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{1,32}", attempt):
+        raise InvalidKey(f"commit attempt id {attempt!r} must be 1-32 lowercase hex digits")
+    return attempt
 
 
 def contributions_prefix(fragment: int, base_version: int) -> str:

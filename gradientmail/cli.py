@@ -1,0 +1,137 @@
+"""``gradientmail`` command line: look at a run, export its model, check a round replays.
+
+    gradientmail status <mailbox-url> [--rounds N]
+    gradientmail export <mailbox-url> <file.safetensors>
+    gradientmail replay <mailbox-url> --fragment F [--version V]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+from gradientmail.backends import get_backend
+from gradientmail.errors import GradientMailError
+from gradientmail.mailbox import open_mailbox
+from gradientmail.records import Lease, keys
+from gradientmail.store import RunStore, read_lease
+from gradientmail.syncer.rounds import RunSpec, load_version, replay_round
+
+
+def _store(url: str) -> tuple[RunStore, RunSpec]:
+    store = RunStore(open_mailbox(url), get_backend("numpy"))
+    manifest = store.read_manifest()
+    if manifest is None:
+        raise GradientMailError(f"no run at {url}: manifest.json is missing")
+    return store, RunSpec.from_manifest(manifest)
+
+
+def _age(lease: Lease) -> str:
+    try:
+        renewed = datetime.fromisoformat(lease.renewed_at)
+    except ValueError:
+        return "?"
+    seconds = (datetime.now(timezone.utc) - renewed).total_seconds()
+    return f"{seconds:.0f}s ago (writer's clock)"
+
+
+def status(url: str, rounds: int) -> None:
+    store, spec = _store(url)
+    manifest = spec.manifest
+    algorithm = spec.algorithm
+    total = sum(1 for _ in manifest.parameters)
+    print(f"run {manifest.run_id}  created by {manifest.created_by} at {manifest.created_at}")
+    print(f"algorithm: sync_every={algorithm.sync_every} fragments={algorithm.fragments} merge={algorithm.merge.to_manifest()} "
+          f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} quorum_size={algorithm.quorum_size}")
+    print(f"model: {total} parameter tensors")
+    found = read_lease(store.mailbox, keys.SYNCER_LEASE)
+    if found is None:
+        print("syncer: no holder yet")
+    else:
+        lease = found[0]
+        state = "released" if lease.released else f"renewed {_age(lease)}"
+        print(f"syncer: {lease.holder} (term {lease.term}, {state}, ttl {lease.ttl_s:g}s)")
+    print("learners:")
+    for key in store.mailbox.list(keys.LEARNER_LEASES):
+        found = read_lease(store.mailbox, key)
+        if found is None:
+            continue
+        lease = found[0]
+        state = "left" if lease.released else f"renewed {_age(lease)}"
+        info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()))
+        print(f"  {lease.holder:<24} {state}  ttl {lease.ttl_s:g}s  {info}")
+    for fragment, names in enumerate(spec.fragments):
+        versions = store.committed_versions(fragment)
+        newest = versions[-1] if versions else None
+        print(f"fragment {fragment}: {len(names)} tensors, newest version {newest}")
+        for version in versions[-rounds:]:
+            if version == 0:
+                continue
+            record = store.read_round(fragment, version)
+            who = ", ".join(f"{p.learner} w={p.weight:,.0f} ({p.steps} steps)" for p in record.participants)
+            rejected = ", ".join(f"{r.learner}:{r.reason}" for r in record.rejected) or "-"
+            print(f"  v{version:<6} by {record.committed_by} term {record.term}  [{who}]  rejected: {rejected}"
+                  f"  grace {record.timing.grace_s:.2f}s")
+
+
+def export(url: str, path: str) -> None:
+    store, spec = _store(url)
+    tensors = {}
+    versions = {}
+    for fragment in range(len(spec.fragments)):
+        version = store.newest_version(fragment)
+        if version is None:
+            raise GradientMailError(f"fragment {fragment} has no committed version")
+        _, params, _ = load_version(store, spec, fragment, version)
+        tensors.update(params)
+        versions[str(fragment)] = str(version)
+    ordered = {p.name: tensors[p.name] for p in spec.manifest.parameters}
+    data = store.backend.encode(ordered, {"run_id": spec.manifest.run_id, **{f"fragment_{k}_version": v for k, v in versions.items()}})
+    with open(path, "wb") as handle:
+        handle.write(data)
+    print(f"wrote {len(ordered)} tensors ({len(data):,} bytes) from versions {versions} to {path}")
+
+
+def replay(url: str, fragment: int, version: int | None) -> int:
+    store, spec = _store(url)
+    version = version if version is not None else store.newest_version(fragment)
+    if not version:
+        raise GradientMailError(f"fragment {fragment} has no round to replay")
+    record = store.read_round(fragment, version)
+    replayed = store.backend.encode(replay_round(store, spec, fragment, version))
+    same = replayed == store.mailbox.get(record.params.key)
+    print(f"fragment {fragment} version {version}: replay {'matches the committed bytes' if same else 'DIFFERS from the committed bytes'}")
+    return 0 if same else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gradientmail", description="Inspect and export GradientMail runs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    status_parser = commands.add_parser("status", help="fragments, versions, last rounds, learners, syncer")
+    status_parser.add_argument("mailbox")
+    status_parser.add_argument("--rounds", type=int, default=3, help="rounds to show per fragment")
+    export_parser = commands.add_parser("export", help="write the newest committed model as safetensors")
+    export_parser.add_argument("mailbox")
+    export_parser.add_argument("file")
+    replay_parser = commands.add_parser("replay", help="recompute a round from its inputs and compare bytes")
+    replay_parser.add_argument("mailbox")
+    replay_parser.add_argument("--fragment", type=int, required=True)
+    replay_parser.add_argument("--version", type=int, default=None)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "status":
+            status(args.mailbox, args.rounds)
+        elif args.command == "export":
+            export(args.mailbox, args.file)
+        else:
+            return replay(args.mailbox, args.fragment, args.version)
+    except GradientMailError as exc:
+        print(f"gradientmail: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""Node settings from the environment (``GRADIENTMAIL_*``), so containers need no code.
+
+Every algorithm knob defaults to :class:`~gradientmail.algorithms.diloco.DiLoCo`'s own
+default and every session knob to :class:`~gradientmail.session.SessionOptions`'s, so the
+defaults live in one place. Invalid values raise ``InvalidConfig`` naming the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Literal
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gradientmail.algorithms.config_base import invalid_config
+from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.algorithms.merge import Rda, WeightedMean
+from gradientmail.mailbox import Mailbox, open_mailbox
+from gradientmail.session import SessionOptions
+
+_ALGORITHM = DiLoCo.model_fields
+_SESSION = {f.name: f.default for f in fields(SessionOptions)}
+
+
+class NodeSettings(BaseSettings):
+    """Everything a learner node needs, read from ``GRADIENTMAIL_<FIELD>`` variables."""
+
+    model_config = SettingsConfigDict(env_prefix="GRADIENTMAIL_", extra="forbid", frozen=True)
+
+    mailbox: str
+    """Mailbox URL: ``s3://bucket/prefix?endpoint=…``, ``minio://…``, ``file:///path``."""
+    learner_id: str | None = None
+    """Stable id of this node; default: the host name."""
+    backend: Literal["torch", "mlx", "numpy"] | None = None
+
+    sync_every: int = _ALGORITHM["sync_every"].default
+    fragments: int = _ALGORITHM["fragments"].default
+    merge: Literal["rda", "weighted_mean"] = "rda"
+    direct_pattern: str | None = Rda.model_fields["direct_pattern"].default
+    outer_lr: float = _ALGORITHM["outer_lr"].default
+    outer_momentum: float = _ALGORITHM["outer_momentum"].default
+    quorum_size: int = _ALGORITHM["quorum_size"].default
+    in_flight: int | None = _ALGORITHM["in_flight"].default
+    overlap_steps: int | None = _ALGORITHM["overlap_steps"].default
+    mixing: float = _ALGORITHM["mixing"].default
+    flush_on_close: bool = _ALGORITHM["flush_on_close"].default
+    delta_dtype: str | None = _ALGORITHM["delta_dtype"].default
+    grace_gamma: float = _ALGORITHM["grace_gamma"].default
+    grace_tau: float = _ALGORITHM["grace_tau"].default
+    grace_max_s: float = _ALGORITHM["grace_max_s"].default
+
+    lease_ttl_s: float = _SESSION["lease_ttl_s"]
+    poll_interval_s: float = _SESSION["poll_interval_s"]
+    run_syncer: bool = _SESSION["run_syncer"]
+    commit_timeout_s: float = _SESSION["commit_timeout_s"]
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> NodeSettings:
+        """Read the environment; errors become ``InvalidConfig`` naming the variable's field."""
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as error:
+            raise invalid_config(error) from None
+
+    def algorithm(self) -> DiLoCo:
+        merge = Rda(direct_pattern=self.direct_pattern) if self.merge == "rda" else WeightedMean()
+        knobs = {name: getattr(self, name) for name in _ALGORITHM if name != "merge"}
+        return DiLoCo(merge=merge, **knobs)
+
+    def session_options(self) -> SessionOptions:
+        return SessionOptions(**{name: getattr(self, name) for name in _SESSION if hasattr(self, name)})
+
+    def open_mailbox(self) -> Mailbox:
+        return open_mailbox(self.mailbox)

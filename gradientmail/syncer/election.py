@@ -1,0 +1,118 @@
+"""Electing the node that closes rounds, through one lease record and compare-and-swap.
+
+``leases/syncer.json`` holds the holder and a term. The holder renews it by CAS every
+``ttl_s / 3``; every other node watches its version token on its own monotonic clock and,
+once it has stayed unchanged for ``ttl_s`` (or was released), tries to take over with
+``term + 1`` by CAS. Exactly one CAS wins. Safety does not rest on the election (commits
+are create-once); it only keeps one node doing the work.
+
+| action | outcome | reaction |
+|---|---|---|
+| create (no lease yet) | created | we hold term 1 |
+| create | ``RecordExists`` | someone else was first; watch it |
+| renew (CAS with our token) | new token | still the holder |
+| renew | ``VersionConflict`` / ``KeyNotFound`` | we were deposed: stop closing rounds |
+| take over (CAS with the watched token) | new token | we hold term + 1 |
+| take over | ``VersionConflict`` | another node won; watch the new holder |
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
+from gradientmail.mailbox import Mailbox
+from gradientmail.records import Lease, keys
+from gradientmail.store.leases import Clock, LeaseObserver, read_lease
+
+log = logging.getLogger(__name__)
+
+
+class Election:
+    """This node's view of who holds the syncer lease; ``poll()`` advances it."""
+
+    def __init__(self, mailbox: Mailbox, node_id: str, ttl_s: float, clock: Clock = time.monotonic) -> None:
+        self._mailbox = mailbox
+        self.node_id = node_id
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._observer = LeaseObserver(clock)
+        self._token: str | None = None  # our lease's token while we hold it
+        self._renewed_at = 0.0
+        self._sequence = 0
+        self.term = 0
+        self.holder: str | None = None
+        self.elections_won = 0
+        self.takeovers = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self._token is not None
+
+    def poll(self) -> bool:
+        """Renew, watch or take over as due; return whether this node now holds the lease."""
+        if self._token is not None and self._clock() - self._renewed_at >= self.ttl_s:
+            log.warning("node %s could not renew the syncer lease for a whole TTL; stepping down", self.node_id)
+            self._token = None
+        if self._token is not None:
+            if self._clock() - self._renewed_at >= self.ttl_s / 3:
+                self._write(self.term, takeover=False)
+            return self.is_leader
+        found = read_lease(self._mailbox, keys.SYNCER_LEASE)
+        if found is None:
+            self._create()
+            return self.is_leader
+        lease, token = found
+        self.holder, self.term = lease.holder, lease.term
+        if lease.holder == self.node_id and not lease.released:
+            # our own lease from an earlier incarnation: take it back with a new term
+            self._swap(token, lease.term + 1, takeover=False)
+        elif self._observer.expired(keys.SYNCER_LEASE, lease, token):
+            self._swap(token, lease.term + 1, takeover=True)
+        return self.is_leader
+
+    def resign(self) -> None:
+        """Release the lease so another node takes over without waiting for the TTL."""
+        if self._token is None:
+            return
+        lease = self._lease(self.term, released=True)
+        try:
+            self._mailbox.swap(keys.SYNCER_LEASE, lease.to_json(), self._token)
+        except (VersionConflict, KeyNotFound):
+            pass
+        self._token = None
+
+    def _lease(self, term: int, released: bool = False) -> Lease:
+        self._sequence += 1
+        return Lease(kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released)
+
+    def _create(self) -> None:
+        try:
+            self._token = self._mailbox.create(keys.SYNCER_LEASE, self._lease(1).to_json())
+        except RecordExists:
+            return
+        self._won(1, takeover=False)
+
+    def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
+        try:
+            self._token = self._mailbox.swap(keys.SYNCER_LEASE, self._lease(term).to_json(), expected)
+        except (VersionConflict, KeyNotFound):
+            return
+        self._won(term, takeover=takeover)
+
+    def _write(self, term: int, *, takeover: bool) -> None:
+        assert self._token is not None
+        try:
+            self._token = self._mailbox.swap(keys.SYNCER_LEASE, self._lease(term).to_json(), self._token)
+            self._renewed_at = self._clock()
+        except (VersionConflict, KeyNotFound):
+            log.warning("node %s lost the syncer lease (term %d)", self.node_id, term)
+            self._token = None
+
+    def _won(self, term: int, *, takeover: bool) -> None:
+        self.term, self.holder = term, self.node_id
+        self._renewed_at = self._clock()
+        self.elections_won += 1
+        self.takeovers += int(takeover)
+        log.info("node %s holds the syncer lease, term %d%s", self.node_id, term, " (takeover)" if takeover else "")

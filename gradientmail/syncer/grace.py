@@ -1,0 +1,52 @@
+"""The adaptive grace window of Decoupled DiLoCo.
+
+After a round reaches quorum the syncer waits a little longer for more reports, but only
+as long as the learners have slack to spare:
+
+    grace = min(grace_max_s, γ · max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))
+
+* ξ_step — seconds per learner step: each contribution carries its learner's own
+  exponentially smoothed step time; the syncer takes the median over the round's accepted
+  contributions and smooths it again across rounds (EMA, weight ``smoothing``).
+* ξ_quorum — seconds from the first accepted contribution of the round to quorum.
+* ξ_sync — seconds the syncer needs to fetch, merge, write and commit: the EMA of the
+  measured duration of its previous rounds (0 before the first).
+* τ (``grace_tau``, default 2) — learner steps a round may take, the overlap the learners
+  train through; γ (``grace_gamma``, default 0.2) — the share of the remaining slack spent.
+
+The window only spends slack that exists, so no learner is made to wait by it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass
+class GraceEstimator:
+    gamma: float = 0.2
+    tau: float = 2.0
+    max_s: float = 60.0
+    smoothing: float = 0.3
+    step_time_s: float | None = None
+    sync_s: float = 0.0
+
+    def observe_step_times(self, reported: Iterable[float | None]) -> None:
+        values = [v for v in reported if v is not None and v > 0]
+        if values:
+            self.step_time_s = self._smooth(self.step_time_s, statistics.median(values))
+
+    def observe_sync(self, seconds: float) -> None:
+        self.sync_s = self._smooth(self.sync_s if self.sync_s > 0 else None, seconds)
+
+    def window(self, quorum_wait_s: float) -> float:
+        """The grace window in seconds for a round that took ``quorum_wait_s`` to reach quorum."""
+        if self.step_time_s is None:
+            return 0.0
+        slack = self.tau * self.step_time_s - (quorum_wait_s + self.sync_s)
+        return min(self.max_s, self.gamma * max(0.0, slack))
+
+    def _smooth(self, previous: float | None, value: float) -> float:
+        return value if previous is None else (1 - self.smoothing) * previous + self.smoothing * value

@@ -1,0 +1,268 @@
+"""The syncer runtime every node runs: hold the election, and while elected close rounds.
+
+Per fragment, the elected node keeps the newest committed version (parameters and outer
+state, loaded from the mailbox alone when it takes over) and the round open on it:
+
+    collect  → list contribution records; accept or reject each (reason codes)
+    quorum   → ``quorum_size`` accepted, or every live learner has one accepted
+    grace    → wait the adaptive grace window for more reports (see ``grace.py``)
+    merge    → configured merge with weights samples²/steps, then the Nesterov outer step
+    commit   → blobs under attempt-unique keys, then create the round record once
+
+A node that loses the create-once race drops its result and reloads; it never overwrites.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gradientmail.algorithms.outer import OuterState
+from gradientmail.backends import Tensor
+from gradientmail.errors import GradientMailError, KeyNotFound
+from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
+from gradientmail.store.leases import LeaseObserver, live_learners
+from gradientmail.store.run_store import RunStore
+from gradientmail.syncer.election import Election
+from gradientmail.syncer.grace import GraceEstimator
+from gradientmail.syncer.rounds import Accepted, RunSpec, apply_round, load_version, validate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SyncerOptions:
+    lease_ttl_s: float = 10.0
+    """Seconds the syncer lease may stay unrenewed before another node takes over."""
+    poll_interval_s: float = 0.2
+    """Seconds between two passes over the mailbox."""
+
+
+@dataclass
+class OpenRound:
+    """The round collecting contributions against ``base_version``."""
+
+    base_version: int
+    seen: set[str] = field(default_factory=set)
+    accepted: list[Accepted] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    first_seen_at: float | None = None
+    quorum_at: float | None = None
+    grace_s: float = 0.0
+    fetch_s: float = 0.0
+
+    @property
+    def learners(self) -> set[str]:
+        return {a.contribution.learner for a in self.accepted}
+
+
+@dataclass
+class FragmentView:
+    version: int
+    record: RoundRecord
+    params: dict[str, Tensor]
+    state: OuterState
+    round: OpenRound
+
+
+RoundListener = Callable[[RoundRecord], None]
+
+
+class SyncerRuntime:
+    """Runs the election and, while elected, the rounds of every fragment (one thread)."""
+
+    def __init__(
+        self,
+        store: RunStore,
+        spec: RunSpec,
+        node_id: str,
+        options: SyncerOptions = SyncerOptions(),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.spec = spec
+        self.node_id = node_id
+        self.options = options
+        self._clock = clock
+        self.election = Election(store.mailbox, node_id, options.lease_ttl_s, clock)
+        self._observer = LeaseObserver(clock)
+        self._views: dict[int, FragmentView] = {}
+        algorithm = spec.algorithm
+        self._grace = [
+            GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments
+        ]
+        self._referenced: dict[tuple[int, int], frozenset[str]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.listeners: list[RoundListener] = []
+        self.live: dict[str, Lease] = {}
+        self.commits = 0
+        self.lost_races = 0
+        self.last_error: BaseException | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"gm-syncer-{self.node_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self, resign: bool = True) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if resign:
+            try:
+                self.election.resign()
+            except GradientMailError as exc:
+                log.warning("could not release the syncer lease: %s", exc)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except GradientMailError as exc:  # the store hiccuped: try again next poll
+                self.last_error = exc
+                log.warning("syncer pass failed on node %s: %s", self.node_id, exc)
+            except Exception as exc:  # never let the thread die silently
+                self.last_error = exc
+                log.exception("syncer pass crashed on node %s", self.node_id)
+            self._stop.wait(self.options.poll_interval_s)
+
+    # -- one pass ------------------------------------------------------------------
+    def run_once(self) -> None:
+        """One pass: election, live learners, and (if elected) every fragment's round."""
+        leader = self.election.poll()
+        self.live = live_learners(self.store.mailbox, self._observer)
+        if not leader:
+            self._views.clear()  # a future term recovers from the mailbox alone
+            return
+        for fragment in range(len(self.spec.fragments)):
+            if self._stop.is_set() or not self.election.is_leader:
+                return
+            self._advance(fragment)
+
+    def _advance(self, fragment: int) -> None:
+        view = self._views.get(fragment)
+        newest = self.store.newest_version(fragment, known=view.version if view else None)
+        if newest is None:
+            return  # not initialised yet by the first learner
+        if view is None or newest > view.version:
+            record, params, state = load_version(self.store, self.spec, fragment, newest)
+            view = FragmentView(newest, record, params, state, OpenRound(newest))
+            self._views[fragment] = view
+        self._collect(fragment, view)
+        current = view.round
+        if not current.accepted:
+            return
+        now = self._clock()
+        everyone = set(self.live) <= current.learners
+        if current.quorum_at is None:
+            if len(current.accepted) < self.spec.algorithm.quorum_size and not everyone:
+                return
+            current.quorum_at = now
+            grace = self._grace[fragment]
+            grace.observe_step_times(a.contribution.step_time_s for a in current.accepted)
+            current.grace_s = 0.0 if everyone else grace.window(now - (current.first_seen_at or now))
+        if not everyone and now < current.quorum_at + current.grace_s:
+            return
+        self._close(fragment, view)
+
+    def _collect(self, fragment: int, view: FragmentView) -> None:
+        current = view.round
+        for key, parsed in self.store.contribution_records(fragment):
+            if key in current.seen or parsed.base_version > view.version:
+                continue  # a newer base means our view lags; the next pass reloads
+            current.seen.add(key)
+            if parsed.base_version < view.version:
+                self._old_contribution(fragment, key, parsed, view)
+                continue
+            started = self._clock()
+            outcome = validate(self.store, self.spec, fragment, view.version, key, parsed.learner)
+            current.fetch_s += self._clock() - started
+            if isinstance(outcome, Rejection):
+                current.rejected.append(outcome)
+            elif outcome.contribution.learner in current.learners:
+                current.rejected.append(
+                    Rejection(learner=parsed.learner, contribution=key, reason="duplicate", detail="second contribution against this version")
+                )
+            else:
+                current.accepted.append(outcome)
+                if current.first_seen_at is None:
+                    current.first_seen_at = self._clock()
+
+    def _old_contribution(self, fragment: int, key: str, parsed: keys.ContributionKey, view: FragmentView) -> None:
+        """A contribution against an older version: garbage once merged, else stale."""
+        if key in self._keys_listed_by(fragment, parsed.base_version + 1):
+            if parsed.base_version + 1 < view.version:  # keep the newest round's inputs for replay
+                self._delete_contribution(key)
+            return
+        view.round.rejected.append(
+            Rejection(
+                learner=parsed.learner, contribution=key, reason="stale",
+                detail=f"based on version {parsed.base_version}, current is {view.version}",
+            )
+        )
+
+    def _keys_listed_by(self, fragment: int, version: int) -> frozenset[str]:
+        cached = self._referenced.get((fragment, version))
+        if cached is None:
+            try:
+                record = self.store.read_round(fragment, version)
+            except KeyNotFound:
+                return frozenset()
+            cached = frozenset([p.contribution for p in record.participants] + [r.contribution for r in record.rejected])
+            self._referenced[(fragment, version)] = cached
+        return cached
+
+    def _delete_contribution(self, key: str) -> None:
+        self.store.mailbox.delete(key.removesuffix(".json") + ".safetensors")
+        self.store.mailbox.delete(key)
+
+    def _close(self, fragment: int, view: FragmentView) -> None:
+        current = view.round
+        started = self._clock()
+        params, state, final = apply_round(self.store.backend, self.spec, view.params, view.state, current.accepted)
+        algorithm = self.spec.algorithm
+        participants = tuple(
+            Participant(
+                learner=a.contribution.learner, contribution=a.key, steps=a.contribution.steps,
+                samples=a.contribution.samples, weight=a.weight,
+            )
+            for a in current.accepted
+        )
+        quorum_wait = (current.quorum_at or started) - (current.first_seen_at or started)
+        record = self.store.commit_version(
+            fragment,
+            view.version + 1,
+            params,
+            state.to_tensors(),
+            writer=self.node_id,
+            base_version=view.version,
+            participants=participants,
+            rejected=tuple(current.rejected),
+            merge=algorithm.merge.to_manifest(),
+            outer_lr=algorithm.outer_lr,
+            outer_momentum=algorithm.outer_momentum,
+            final=final,
+            term=self.election.term,
+            timing=RoundTiming(quorum_wait_s=quorum_wait, grace_s=current.grace_s, sync_s=current.fetch_s + self._clock() - started),
+        )
+        if record is None:
+            self.lost_races += 1
+            log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
+            del self._views[fragment]
+            return
+        self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
+        self.commits += 1
+        self._referenced[(fragment, record.version)] = frozenset(
+            [p.contribution for p in participants] + [r.contribution for r in current.rejected]
+        )
+        for rejection in current.rejected:
+            if rejection.reason == "stale":
+                self._delete_contribution(rejection.contribution)
+        self._views[fragment] = FragmentView(record.version, record, params, state, OpenRound(record.version))
+        for listener in self.listeners:
+            listener(record)

@@ -1,0 +1,86 @@
+"""Start and watch real learner processes for the multi-process tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gradientmail.mailbox import Mailbox
+from gradientmail.records import Lease, RoundRecord, keys
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Learner:
+    name: str
+    process: subprocess.Popen[str]
+    out: Path
+    log: Path
+
+    def result(self) -> dict:
+        return json.loads(self.out.read_text())
+
+    def wait(self, timeout: float = 120.0) -> int:
+        code = self.process.wait(timeout=timeout)
+        assert code == 0, f"{self.name} exited with {code}:\n{self.log.read_text()[-3000:]}"
+        return code
+
+    def kill(self) -> None:
+        self.process.kill()  # SIGKILL: no clean-up, no lease release
+        self.process.wait()
+
+
+def start_learner(url: str, name: str, workdir: Path, *args: str, env: dict[str, str] | None = None) -> Learner:
+    out, log = workdir / f"{name}.json", workdir / f"{name}.log"
+    command = [sys.executable, "-m", "tests.learner_proc", "--mailbox", url, "--learner-id", name, "--out", str(out), *args]
+    handle = log.open("w")
+    process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True,
+                               env={**os.environ, **(env or {})})
+    return Learner(name, process, out, log)
+
+
+def wait_until(condition: Callable[[], object], timeout: float, what: str, every: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def rounds(mailbox: Mailbox, fragment: int) -> list[RoundRecord]:
+    return [RoundRecord.from_json(mailbox.get(k)) for k in mailbox.list(keys.rounds_prefix(fragment))]
+
+
+def syncer_lease(mailbox: Mailbox) -> Lease | None:
+    try:
+        return Lease.from_json(mailbox.get(keys.SYNCER_LEASE))
+    except Exception:
+        return None
+
+
+def check_history(mailbox: Mailbox, fragments: int) -> list[list[RoundRecord]]:
+    """Every fragment's versions are 0..N, each committed once, each built on the one before."""
+    history = []
+    for fragment in range(fragments):
+        records = rounds(mailbox, fragment)
+        assert [r.version for r in records] == list(range(len(records)))
+        for record in records[1:]:
+            assert record.base_version == record.version - 1
+            assert record.participants, f"version {record.version} has no participants"
+            assert mailbox.exists(record.params.key) and mailbox.exists(record.outer_state.key)
+        history.append(records)
+    return history
+
+
+def unique_prefix() -> str:
+    return f"runs/{uuid.uuid4().hex[:12]}"
