@@ -50,6 +50,12 @@ class NodeSettings(BaseSettings):
     grace_tau: float = _ALGORITHM["grace_tau"].default
     grace_max_s: float = _ALGORITHM["grace_max_s"].default
 
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (off when unset). OTLP export is configured by
+    the standard ``OTEL_EXPORTER_OTLP_*`` variables."""
+    metrics_address: str = "0.0.0.0"
+    """Address the Prometheus endpoint binds to."""
+
     lease_ttl_s: float = _SESSION["lease_ttl_s"]
     poll_interval_s: float = _SESSION["poll_interval_s"]
     run_syncer: bool = _SESSION["run_syncer"]
