@@ -27,7 +27,7 @@ def mailbox_url(request, tmp_path):
 
 def test_three_learners_commit_every_version_once(mailbox_url, tmp_path):
     url, env = mailbox_url
-    args = ["--steps", "60", "--wait-for", "3", "--end-together", "3", *FAST]
+    args = ["--steps", "100", "--step-sleep", "0.02", "--wait-for", "3", "--end-together", "3", *FAST]
     learners = [start_learner(url, f"n{i}", tmp_path, "--seed", str(i), *args, env=env) for i in range(3)]
     for learner in learners:
         learner.wait()
