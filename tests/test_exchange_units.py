@@ -249,3 +249,120 @@ def test_in_process_learners_align_and_close_on_the_newest_version():
         assert session.versions == dict(enumerate(newest))
     for name in models[0]:
         np.testing.assert_array_equal(models[0][name], models[1][name])
+
+
+# -- the learner's knobs ---------------------------------------------------------------------
+
+
+def published(box, learner: str) -> list[Contribution]:
+    return [Contribution.from_json(box.get(k)) for k in box.list("fragments/") if k.endswith(".json") and "/contributions/" in k
+            and keys.parse_contribution_record(k).learner == learner]
+
+
+def wait_for(condition, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_overlap_steps_bounds_training_past_a_publish():
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
+    algorithm = gm.DiLoCo.local_sgd(sync_every=5, overlap_steps=2)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
+        for _ in range(7):  # publish at 5, train 6 and 7, then wait for the commit before going on
+            for value in model.values():
+                value += 1.0
+            session.step(samples=2)
+        assert session.versions == {0: 1}
+        assert session.stats.blocked_s >= 0.0
+        # the commit replaced the two steps trained while it was in flight
+        np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), 5.0, np.float32))
+    record = RunStore(box, NUMPY).read_round(0, 1)
+    assert [(p.steps, p.samples) for p in record.participants] == [(5, 10)]
+
+
+def test_mixing_blends_local_training_with_the_commit():
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
+    algorithm = gm.DiLoCo.local_sgd(sync_every=4, overlap_steps=1, mixing=0.5)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
+        for _ in range(5):  # publish at 4 (params = 4), step 5 (params = 5) waits and aligns
+            for value in model.values():
+                value += 1.0
+            session.step(samples=1)
+        # θ ← 0.5·θ_local + 0.5·θ_commit = 0.5·5 + 0.5·4
+        np.testing.assert_allclose(model["mlp.weight"], np.full((3, 2), 4.5, np.float32))
+
+
+def test_in_flight_bounds_fragments_awaiting_a_commit():
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01, run_syncer=False, commit_timeout_s=0.5)
+    algorithm = gm.DiLoCo(sync_every=4, fragments=2, in_flight=1)
+    session = gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options)
+    session.open()
+    for _ in range(8):  # fragment 0 due at 2 and 6, fragment 1 at 4 and 8; nobody commits
+        session.step(samples=1)
+    session.wait_published()
+    assert [c.fragment for c in published(box, "solo")] == [0]
+    session.close(wait=False)
+
+
+def test_flush_on_close_commits_final_contributions_without_momentum():
+    box = gm.MemoryMailbox()
+    model = numpy_model(1.0)
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
+    algorithm = gm.DiLoCo(sync_every=100, flush_on_close=True)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
+        for _ in range(3):
+            for value in model.values():
+                value -= 0.5
+            session.step(samples=4)
+    store = RunStore(box, NUMPY)
+    record = store.read_round(0, 1)
+    assert record.final and record.participants[0].steps == 3
+    committed = store.read_tensors(record.params)
+    # a lone final contribution: Θ − Δ = the learner's own parameters, no 1.33× momentum step
+    np.testing.assert_array_equal(committed["mlp.weight"], np.full((3, 2), -0.5, np.float32))
+    np.testing.assert_array_equal(model["mlp.weight"], committed["mlp.weight"])
+
+
+def test_without_flush_close_drops_steps_since_the_last_contribution():
+    box = gm.MemoryMailbox()
+    model = numpy_model(1.0)
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
+    with gm.Session(model, algorithm=gm.DiLoCo(sync_every=100), mailbox=box, learner_id="solo", options=options) as session:
+        for _ in range(3):
+            for value in model.values():
+                value -= 0.5
+            session.step(samples=4)
+    assert RunStore(box, NUMPY).committed_versions(0) == [0]
+    np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), 1.0, np.float32))
+
+
+def test_a_learner_publishes_early_when_the_round_is_one_short_of_quorum():
+    box = gm.MemoryMailbox()
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01, run_syncer=False)
+    algorithm = gm.DiLoCo(sync_every=50, quorum_size=2)
+    model = numpy_model(0.0)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=options) as session:
+        session.step(samples=3)
+        assert published(box, "me") == []
+        store = RunStore(box, NUMPY)
+        contribute(store, "other", 0, numpy_model(0.5), 7, 21)  # the round now lacks one snapshot
+
+        def stepped_until_published() -> bool:
+            session.step(samples=3)
+            session.wait_published()
+            return bool(published(box, "me"))
+
+        wait_for(stepped_until_published)
+        (early,) = published(box, "me")
+        assert early.anchor_version == 0 and early.steps < 50 and early.samples == 3 * early.steps
+        session.close(wait=False)
