@@ -83,3 +83,20 @@ def test_default_settings_match_the_algorithm_defaults(monkeypatch):
     monkeypatch.setenv("GRADIENTMAIL_MAILBOX", "memory://")
     assert NodeSettings.from_env().algorithm() == gm.DiLoCo()
     assert NodeSettings.from_env().session_options() == gm.SessionOptions()
+
+
+def test_a_session_configured_only_by_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("GRADIENTMAIL_MAILBOX", f"file://{tmp_path / 'box'}")
+    monkeypatch.setenv("GRADIENTMAIL_LEARNER_ID", "env-node")
+    monkeypatch.setenv("GRADIENTMAIL_SYNC_EVERY", "3")
+    monkeypatch.setenv("GRADIENTMAIL_MERGE", "weighted_mean")
+    monkeypatch.setenv("GRADIENTMAIL_POLL_INTERVAL_S", "0.02")
+    model = {"w": np.zeros(3, np.float32)}
+    with gm.Session.from_env(model) as session:
+        assert session.learner_id == "env-node"
+        assert session.algorithm == gm.DiLoCo(sync_every=3, merge=gm.WeightedMean())
+        for _ in range(3):
+            model["w"] += 1
+            session.step(samples=1)
+    manifest = gm.FileMailbox(tmp_path / "box").get("manifest.json")
+    assert b'"weighted_mean"' in manifest

@@ -147,6 +147,24 @@ class Session:
         self.spec: RunSpec | None = None
         self._open = False
 
+    @classmethod
+    def from_env(cls, model: Any, **overrides: Any) -> Session:
+        """A session configured by ``GRADIENTMAIL_*`` variables (see ``gradientmail.settings``).
+
+        ``overrides`` replace individual settings, e.g. ``learner_id="gpu-3"``.
+        """
+        from gradientmail.settings import NodeSettings  # settings imports this module
+
+        settings = NodeSettings.from_env(**overrides)
+        return cls(
+            model,
+            algorithm=settings.algorithm(),
+            mailbox=settings.open_mailbox(),
+            learner_id=settings.learner_id,
+            backend=settings.backend,
+            options=settings.session_options(),
+        )
+
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:
         self.open()
