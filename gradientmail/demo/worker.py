@@ -1,0 +1,144 @@
+"""One learner of the demo run: ``python -m gradientmail.demo.worker --mailbox URL --learner-id ID ...``.
+
+It trains the tiny GPT on its own seeded stream of Shakespeare inside a ``gm.Session``
+and prints JSON-line events (see ``events.py``) on stdout; logs go to stderr. After the
+``with`` block the model holds the newest committed parameters, whose validation loss is
+the last event. ``--steps 0`` only joins and evaluates the committed model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gradientmail.demo import events, settings
+from gradientmail.demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
+from gradientmail.demo.model import GPTConfig
+from gradientmail.demo.trainer import Framework, Progress, build_trainer, run_steps
+
+__all__ = ["WorkerConfig", "parse_args", "run", "main"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    mailbox: str
+    learner_id: str
+    steps: int
+    seed: int
+    framework: Framework = "torch"
+    sync_every: int = settings.SYNC_EVERY
+    fragments: int = settings.FRAGMENTS
+    batch_size: int = settings.BATCH_SIZE
+    lr: float = settings.LEARNING_RATE
+    flush_on_close: bool = True
+    eval_windows: int = settings.EVAL_WINDOWS
+    report_every: int = settings.REPORT_EVERY
+    stop_file: str | None = None
+    """Stop early once this file exists (the launcher's signal to a slow learner)."""
+    run_syncer: bool = True
+    niceness: int = 0
+    """Lower this process's CPU priority by this much (the launcher's way to share few cores)."""
+    outer_lr: float = settings.OUTER_LR
+    outer_momentum: float = settings.OUTER_MOMENTUM
+    quorum: int = 1
+    merge: str = "rda"
+
+
+def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
+    parser = argparse.ArgumentParser(prog="python -m gradientmail.demo.worker", description=__doc__.splitlines()[0])
+    parser.add_argument("--mailbox", required=True, help="mailbox URL: file:///abs/path or s3://bucket/prefix")
+    parser.add_argument("--learner-id", required=True)
+    parser.add_argument("--steps", type=int, required=True, help="local steps to train (0: evaluate the committed model)")
+    parser.add_argument("--seed", type=int, required=True, help="seed of this learner's batch stream")
+    parser.add_argument("--framework", choices=["torch", "mlx"], default="torch")
+    parser.add_argument("--sync-every", type=int, default=settings.SYNC_EVERY, help="H, shared by the run")
+    parser.add_argument("--fragments", type=int, default=settings.FRAGMENTS, help="P, shared by the run")
+    parser.add_argument("--batch-size", type=int, default=settings.BATCH_SIZE)
+    parser.add_argument("--lr", type=float, default=settings.LEARNING_RATE)
+    parser.add_argument("--no-flush", dest="flush_on_close", action="store_false",
+                        help="drop the steps since the last contribution on close instead of publishing them")
+    parser.add_argument("--eval-windows", type=int, default=settings.EVAL_WINDOWS)
+    parser.add_argument("--report-every", type=int, default=settings.REPORT_EVERY)
+    parser.add_argument("--stop-file", help="stop training early once this file exists")
+    parser.add_argument("--no-syncer", dest="run_syncer", action="store_false", help="never act as the run's syncer")
+    parser.add_argument("--niceness", type=int, default=0, help="lower this process's CPU priority by this much")
+    parser.add_argument("--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate, shared by the run")
+    parser.add_argument("--outer-momentum", type=float, default=settings.OUTER_MOMENTUM, help="Nesterov outer momentum, shared by the run")
+    parser.add_argument("--quorum", type=int, default=1, help="K, contributions a round waits for; shared by the run")
+    parser.add_argument("--merge", choices=["rda", "mean"], default="rda", help="how rounds merge deltas; shared by the run")
+    args = parser.parse_args(argv)
+    if args.steps < 0:
+        parser.error("--steps must be non-negative")
+    return WorkerConfig(**vars(args))
+
+
+def run(config: WorkerConfig) -> float:
+    """Train inside a session; print events; return the committed model's validation loss.
+
+    Raises whatever ``gm.Session`` raises on joining (``RunConfigMismatch``, ``MailboxError``)
+    and ``CorpusMissing`` without the text.
+    """
+    import gradientmail as gm
+
+    if config.niceness > 0 and hasattr(os, "nice"):
+        os.nice(config.niceness)
+    if config.framework == "torch":
+        import torch
+
+        torch.set_num_threads(1)  # several learners share the machine's cores
+    model_config = GPTConfig()
+    corpus = load_corpus()
+    validation = validation_windows(corpus.validation, config.eval_windows, model_config.context)
+    sampler = BatchSampler(corpus.train, config.batch_size, model_config.context, seed=config.seed)
+    trainer = build_trainer(config.framework, model_config, config.lr)
+    learner = config.learner_id
+    events.emit("start", learner, framework=config.framework, steps=config.steps, batch_size=config.batch_size,
+                tokens_per_step=sampler.tokens_per_batch)
+
+    algorithm = gm.DiLoCo(sync_every=config.sync_every, fragments=config.fragments, flush_on_close=config.flush_on_close,
+                          outer_lr=config.outer_lr, outer_momentum=config.outer_momentum, quorum_size=config.quorum,
+                          merge=gm.Rda() if config.merge == "rda" else gm.WeightedMean())
+    options = gm.SessionOptions(run_syncer=config.run_syncer)
+    stop_file = config.stop_file
+    local_val_loss: float | None = None
+    with gm.Session(trainer.model, algorithm=algorithm, mailbox=config.mailbox, learner_id=learner, options=options) as session:
+
+        def report(progress: Progress) -> None:
+            events.emit("progress", learner, step=progress.step, steps=config.steps, loss=progress.loss,
+                        tokens=progress.tokens, elapsed_s=round(progress.elapsed_s, 3),
+                        steps_per_s=round(progress.step / max(progress.elapsed_s, 1e-9), 3),
+                        versions=dict(session.versions))
+
+        last = run_steps(trainer, sampler, config.steps, report, session=session, report_every=config.report_every,
+                         should_stop=lambda: stop_file is not None and os.path.exists(stop_file))
+        if last.step:
+            local_val_loss = trainer.evaluate(validation)
+    # the session has closed: the model now holds the newest committed parameters
+    val_loss = trainer.evaluate(validation)
+    stats = session.stats
+    events.emit("final", learner, steps=last.step, tokens=last.tokens, elapsed_s=round(last.elapsed_s, 3),
+                local_val_loss=local_val_loss, val_loss=val_loss, versions=dict(session.versions),
+                contributions=stats.contributions, alignments=stats.alignments)
+    return val_loss
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one learner; a configuration or mailbox problem ends with one clear line and exit 2."""
+    from gradientmail.errors import GradientMailError
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = parse_args(argv)
+    try:
+        run(config)
+    except (GradientMailError, CorpusMissing) as exc:
+        print(f"{config.learner_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
