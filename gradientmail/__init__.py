@@ -15,6 +15,7 @@ from gradientmail.algorithms import (
 from gradientmail.backends import Backend, backend_for, get_backend
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
 from gradientmail.session import Session, SessionOptions
+from gradientmail import telemetry
 from gradientmail.errors import (
     ContributionRejected,
     CorruptPayload,
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Session",
     "SessionOptions",
+    "telemetry",
     "Mailbox",
     "MemoryMailbox",
     "FileMailbox",

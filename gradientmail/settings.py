@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gradientmail.algorithms.config_base import invalid_config
@@ -18,6 +18,8 @@ from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.merge import Rda, WeightedMean
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.session import SessionOptions
+from gradientmail.telemetry import Telemetry, otlp_requested
+from gradientmail.telemetry import configure as configure_telemetry
 
 _ALGORITHM = DiLoCo.model_fields
 _SESSION = {f.name: f.default for f in fields(SessionOptions)}
@@ -61,6 +63,17 @@ class NodeSettings(BaseSettings):
     run_syncer: bool = _SESSION["run_syncer"]
     commit_timeout_s: float = _SESSION["commit_timeout_s"]
 
+    # What ``gradientmail node`` (the container images' command) runs; see gradientmail/node.py.
+    script: str | None = None
+    """Path of the user's training script (a Python file that calls ``gm.Session.from_env(model)``),
+    run as ``__main__``. Default: the library's training script, the demo GPT on Shakespeare."""
+    entrypoint: str | None = None
+    """Instead of ``script``: ``package.module`` (run as ``__main__``) or ``package.module:function``
+    (called without arguments) from an installed package."""
+    steps: int | None = Field(default=None, ge=0)
+    """Local steps to train. The library's training script uses it (default: the demo's); a user's
+    script may read it from ``NodeSettings.from_env().steps``."""
+
     @classmethod
     def from_env(cls, **overrides: object) -> NodeSettings:
         """Read the environment; errors become ``InvalidConfig`` naming the variable's field."""
@@ -79,3 +92,10 @@ class NodeSettings(BaseSettings):
 
     def open_mailbox(self) -> Mailbox:
         return open_mailbox(self.mailbox)
+
+    def telemetry(self) -> Telemetry | None:
+        """Turn telemetry on as configured: the Prometheus endpoint when ``metrics_port`` is set,
+        OTLP when ``OTEL_EXPORTER_OTLP_*`` ask for it. None (and nothing started) when neither."""
+        if self.metrics_port is None and not (otlp_requested("metrics") or otlp_requested("traces")):
+            return None
+        return configure_telemetry(node=self.learner_id, prometheus_port=self.metrics_port, prometheus_address=self.metrics_address)

@@ -24,4 +24,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     echo "$wanted" > "$stamp"
 fi
 
+# promtool and prometheus for the telemetry tests (Debian package; CI runs as root on Debian).
+# Elsewhere (a Mac) those tests are skipped, except under CI where they fail and say why.
+if ! command -v promtool >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing prometheus (promtool) for the telemetry tests" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } \
+        || echo "could not install prometheus: the telemetry tests will say so" >&2
+fi
+
 export PATH="$venv/bin:$PATH"

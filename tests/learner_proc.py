@@ -74,7 +74,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--wait-for", type=int, default=0, help="start training once this many learners hold leases")
     parser.add_argument("--end-together", type=int, default=0, help="close once this many learners finished and uploaded")
+    parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
+    if args.metrics_port is not None:
+        gm.telemetry.configure(node=args.learner_id, prometheus_port=args.metrics_port, prometheus_address="127.0.0.1")
 
     settings = dict(sync_every=args.sync_every, fragments=args.fragments, quorum_size=args.quorum,
                     overlap_steps=args.overlap_steps, flush_on_close=args.flush)

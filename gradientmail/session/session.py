@@ -31,6 +31,8 @@ from gradientmail.session.join import join_run
 from gradientmail.store.run_store import RunStore
 from gradientmail.syncer.rounds import RunSpec, load_version
 from gradientmail.syncer.runtime import SyncerOptions, SyncerRuntime
+from gradientmail.telemetry import hooks as telemetry
+from gradientmail.telemetry import setup as telemetry_setup
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +158,8 @@ class Session:
         from gradientmail.settings import NodeSettings  # settings imports this module
 
         settings = NodeSettings.from_env(**overrides)
+        if telemetry_setup.active() is None:  # GRADIENTMAIL_METRICS_PORT or OTEL_EXPORTER_OTLP_* turn it on
+            settings.telemetry()
         return cls(
             model,
             algorithm=settings.algorithm(),
@@ -201,6 +205,7 @@ class Session:
             )
             self.syncer.start()
         self._open = True
+        telemetry.attach_session(self)  # observable instruments read self.stats; step() does nothing more
 
     # -- the hot path --------------------------------------------------------------
     def step(self, samples: int = 1) -> None:
@@ -391,6 +396,16 @@ class Session:
                 self.stats.versions[fragment] = newest
             else:  # drop the steps since the last contribution: back to the committed anchor
                 self.backend.write_parameters(self.model, state.anchor)
+
+    @property
+    def bytes_published(self) -> int:
+        """Contribution payload bytes this learner has put in the mailbox."""
+        return self._exchange.bytes_published if self._exchange is not None else 0
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Committed parameter bytes this learner has fetched from the mailbox."""
+        return self._exchange.bytes_fetched if self._exchange is not None else 0
 
     @property
     def versions(self) -> Mapping[int, int]:

@@ -45,6 +45,9 @@ class Election:
         self.holder: str | None = None
         self.elections_won = 0
         self.takeovers = 0
+        self.leases_expired = 0
+        """Syncer leases this node saw expire unreleased (a dead or cut-off holder), for telemetry."""
+        self._expired_token: str | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -69,6 +72,9 @@ class Election:
             # our own lease from an earlier incarnation: take it back with a new term
             self._swap(token, lease.term + 1, takeover=False)
         elif self._observer.expired(keys.SYNCER_LEASE, lease, token):
+            if not lease.released and token != self._expired_token:
+                self._expired_token = token
+                self.leases_expired += 1
             self._swap(token, lease.term + 1, takeover=True)
         return self.is_leader
 

@@ -1,8 +1,9 @@
 """One round of one fragment: validate contributions, merge, outer step, commit.
 
-``validate`` decides acceptance of a single contribution; ``apply_round`` is the pure
-merge-and-step both the live syncer and ``replay_round`` use, so a replay reproduces the
-committed bytes exactly (protocol invariant 4).
+``validate`` decides acceptance of a single contribution; ``apply_round`` (``merge_round``
+then ``outer_step``) is the pure merge-and-step both the live syncer (which times the two
+halves apart) and ``replay_round`` use, so a replay reproduces the committed bytes exactly
+(protocol invariant 4).
 """
 
 from __future__ import annotations
@@ -114,13 +115,24 @@ def apply_round(
     accepted: Sequence[Accepted],
 ) -> tuple[dict[str, Tensor], OuterState, bool]:
     """Merge the accepted deltas and take the outer step: new params, new state, final flag."""
-    algorithm = spec.algorithm
-    deltas = [a.delta for a in accepted]
-    merged = merge_tensors(algorithm.merge, deltas, [a.weight for a in accepted], backend)
-    final = all(a.contribution.final for a in accepted)
-    outer = NesterovOuter(lr=algorithm.outer_lr, momentum=algorithm.outer_momentum)
-    params, state = outer.step(backend, base_params, base_state, merged, final=final)
+    merged, final = merge_round(backend, spec, accepted)
+    params, state = outer_step(backend, spec, base_params, base_state, merged, final)
     return params, state, final
+
+
+def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -> tuple[dict[str, Tensor], bool]:
+    """The first half of ``apply_round`` (timed apart by the syncer): merged delta, final flag."""
+    merged = merge_tensors(spec.algorithm.merge, [a.delta for a in accepted], [a.weight for a in accepted], backend)
+    return merged, all(a.contribution.final for a in accepted)
+
+
+def outer_step(
+    backend: Backend, spec: RunSpec, base_params: Mapping[str, Tensor], base_state: OuterState,
+    merged: Mapping[str, Tensor], final: bool,
+) -> tuple[dict[str, Tensor], OuterState]:
+    """The second half of ``apply_round``: the Nesterov outer step on the merged delta."""
+    outer = NesterovOuter(lr=spec.algorithm.outer_lr, momentum=spec.algorithm.outer_momentum)
+    return outer.step(backend, base_params, base_state, merged, final=final)
 
 
 def load_version(store: RunStore, spec: RunSpec, fragment: int, version: int) -> tuple[RoundRecord, dict[str, Tensor], OuterState]:

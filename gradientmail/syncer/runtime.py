@@ -28,7 +28,8 @@ from gradientmail.store.leases import LeaseObserver, live_learners
 from gradientmail.store.run_store import RunStore
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.rounds import Accepted, RunSpec, apply_round, load_version, validate
+from gradientmail.syncer.rounds import Accepted, RunSpec, load_version, merge_round, outer_step, validate
+from gradientmail.telemetry import hooks as telemetry
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,8 @@ class OpenRound:
     """The round collecting contributions against ``base_version``."""
 
     base_version: int
+    opened_at: float = 0.0
+    """Syncer clock when the round opened (its base was committed or loaded)."""
     seen: set[str] = field(default_factory=set)
     accepted: list[Accepted] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
@@ -53,6 +56,7 @@ class OpenRound:
     quorum_at: float | None = None
     grace_s: float = 0.0
     fetch_s: float = 0.0
+    accepted_at_quorum: int = 0
 
     @property
     def learners(self) -> set[str]:
@@ -101,12 +105,15 @@ class SyncerRuntime:
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
+        self.learner_leases_expired = 0
+        """Learner leases this node saw expire unreleased (every node watches them all; for telemetry)."""
         self.last_error: BaseException | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=f"gm-syncer-{self.node_id}", daemon=True)
         self._thread.start()
+        telemetry.attach_syncer(self)
 
     def stop(self, resign: bool = True) -> None:
         self._stop.set()
@@ -135,7 +142,8 @@ class SyncerRuntime:
     def run_once(self) -> None:
         """One pass: election, live learners, and (if elected) every fragment's round."""
         leader = self.election.poll()
-        self.live = live_learners(self.store.mailbox, self._observer)
+        previous, self.live = self.live, live_learners(self.store.mailbox, self._observer)
+        self._count_expired(previous)
         if not leader:
             self._views.clear()  # a future term recovers from the mailbox alone
             return
@@ -151,7 +159,7 @@ class SyncerRuntime:
             return  # not initialised yet by the first learner
         if view is None or newest > view.version:
             record, params, state = load_version(self.store, self.spec, fragment, newest)
-            view = FragmentView(newest, record, params, state, OpenRound(newest))
+            view = FragmentView(newest, record, params, state, OpenRound(newest, opened_at=self._clock()))
             self._views[fragment] = view
         self._collect(fragment, view)
         current = view.round
@@ -163,6 +171,7 @@ class SyncerRuntime:
             if len(current.accepted) < self.spec.algorithm.quorum_size and not everyone:
                 return
             current.quorum_at = now
+            current.accepted_at_quorum = len(current.accepted)
             grace = self._grace[fragment]
             grace.observe_step_times(a.contribution.step_time_s for a in current.accepted)
             current.grace_s = 0.0 if everyone else grace.window(now - (current.first_seen_at or now))
@@ -224,7 +233,10 @@ class SyncerRuntime:
     def _close(self, fragment: int, view: FragmentView) -> None:
         current = view.round
         started = self._clock()
-        params, state, final = apply_round(self.store.backend, self.spec, view.params, view.state, current.accepted)
+        merged, final = merge_round(self.store.backend, self.spec, current.accepted)
+        merged_at = self._clock()
+        params, state = outer_step(self.store.backend, self.spec, view.params, view.state, merged, final)
+        stepped_at = self._clock()
         algorithm = self.spec.algorithm
         participants = tuple(
             Participant(
@@ -250,6 +262,7 @@ class SyncerRuntime:
             term=self.election.term,
             timing=RoundTiming(quorum_wait_s=quorum_wait, grace_s=current.grace_s, sync_s=current.fetch_s + self._clock() - started),
         )
+        committed_at = self._clock()
         if record is None:
             self.lost_races += 1
             log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
@@ -263,6 +276,23 @@ class SyncerRuntime:
         for rejection in current.rejected:
             if rejection.reason == "stale":
                 self._delete_contribution(rejection.contribution)
-        self._views[fragment] = FragmentView(record.version, record, params, state, OpenRound(record.version))
+        self._views[fragment] = FragmentView(record.version, record, params, state, OpenRound(record.version, opened_at=committed_at))
         for listener in self.listeners:
             listener(record)
+        telemetry.round_committed(self, fragment, record, telemetry.RoundPhases(
+            opened_at=current.opened_at, first_seen_at=current.first_seen_at or started, quorum_at=current.quorum_at or started,
+            closing_at=started, merged_at=merged_at, stepped_at=stepped_at, committed_at=committed_at, now=self._clock(),
+            grace_window_s=current.grace_s, grace_contributions=len(current.accepted) - current.accepted_at_quorum,
+            fetch_s=current.fetch_s, fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
+        ))
+
+    def committed(self) -> dict[int, RoundRecord]:
+        """The newest committed round record of each fragment, as this node tracks it while elected."""
+        return {fragment: view.record for fragment, view in list(self._views.items())}
+
+    def _count_expired(self, previous: dict[str, Lease]) -> None:
+        """Count learners that left the live set because their lease went unrenewed for a TTL
+        (a released lease changed token just before, so it has not stood still that long)."""
+        for learner in previous.keys() - self.live.keys():
+            if self._observer.unchanged_for(keys.learner_lease(learner)) >= previous[learner].ttl_s:
+                self.learner_leases_expired += 1

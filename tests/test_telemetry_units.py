@@ -1,0 +1,187 @@
+"""Telemetry in one process: the catalogue, on/off, the Prometheus endpoint, and the counters the
+syncer keeps for it (lease expirations, takeovers). No promtool needed here."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.error
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import gradientmail as gm
+from gradientmail.backends import get_backend
+from gradientmail.records import keys
+from gradientmail.session.join import join_run
+from gradientmail.settings import NodeSettings
+from gradientmail.store import RunStore
+from gradientmail.store.leases import LearnerLease
+from gradientmail.syncer import Election, RunSpec, SyncerRuntime
+from gradientmail.telemetry import METRICS, hooks
+from gradientmail.telemetry.catalogue import PHASES
+from tests.telemetry_tools import ROOT, http_get, start_sessions
+
+BOUNDED_LABELS = {"fragment", "learner", "node", "reason", "phase", "kind"}
+
+
+@pytest.fixture(autouse=True)
+def no_telemetry(monkeypatch):
+    """Each test starts with telemetry off and no OTLP variables, and leaves it off."""
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL", "GRADIENTMAIL_METRICS_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    gm.telemetry.shutdown()
+    yield
+    gm.telemetry.shutdown()
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_catalogue_has_unique_bounded_helpful_names():
+    names = [spec.name for spec in METRICS]
+    exposed = [spec.prometheus_name for spec in METRICS]
+    assert len(set(names)) == len(names) and len(set(exposed)) == len(exposed)
+    for spec in METRICS:
+        assert re.fullmatch(r"gradientmail(_[a-z]+)+", spec.prometheus_name), spec
+        assert set(spec.labels) <= BOUNDED_LABELS, f"{spec.name}: unbounded label"
+        assert spec.help.strip().endswith("."), spec.name
+        assert spec.prometheus_name.endswith("_total") == (spec.kind == "counter")
+        if spec.unit == "s":
+            assert "_seconds" in spec.prometheus_name
+        if spec.unit == "By":
+            assert "_bytes" in spec.prometheus_name
+
+
+def test_every_metric_and_alert_is_documented():
+    text = (ROOT / "docs" / "observability.md").read_text()
+    for spec in METRICS:
+        assert f"`{spec.prometheus_name}`" in text, spec.prometheus_name
+    rules = (ROOT / "dashboards" / "prometheus" / "gradientmail.rules.yaml").read_text()
+    for alert in re.findall(r"alert: (\w+)", rules):
+        assert f"`{alert}`" in text, alert
+
+
+def test_telemetry_is_off_until_configured_and_then_refuses_to_export_nothing():
+    assert gm.telemetry.active() is None and hooks._recorder is None  # noqa: SLF001 - the off switch itself
+    with pytest.raises(gm.InvalidConfig, match="nothing to export"):
+        gm.telemetry.configure()
+
+
+def test_only_otlp_over_http_protobuf(monkeypatch):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(gm.InvalidConfig, match="http/protobuf"):
+        gm.telemetry.configure()
+
+
+def test_rounds_commit_with_telemetry_off(tmp_path):
+    run = start_sessions(gm.FileMailbox(tmp_path / "box"), ["a", "b"], steps=30, step_sleep_s=0.0)
+    run.join()
+    assert gm.FileMailbox(tmp_path / "box").list(keys.rounds_prefix(0))
+
+
+def test_the_prometheus_endpoint_serves_every_metric_with_help(tmp_path):
+    telemetry = gm.telemetry.configure(prometheus_port=0, prometheus_address="127.0.0.1", node="test-node")
+    assert telemetry.prometheus_address is not None
+    url = f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics"
+    run = start_sessions(gm.FileMailbox(tmp_path / "box"), ["a", "b", "c"], steps=150)
+    wanted = {spec.prometheus_name.removesuffix("_total"): spec for spec in METRICS}
+    families: dict = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # leader-only gauges appear once a round has committed
+        families = {f.name: f for f in text_string_to_metric_families(http_get(url))}
+        if wanted.keys() <= families.keys() and any(s.value > 0 for s in families["gradientmail_rounds_committed"].samples):
+            break
+        time.sleep(0.1)
+    run.join()
+    missing = wanted.keys() - families.keys()
+    assert not missing, missing
+    for name, spec in wanted.items():
+        assert families[name].type == spec.kind and families[name].documentation == spec.help
+    target = next(f for f in families.values() if f.name.startswith("target")).samples[0].labels
+    assert target["service_name"] == "gradientmail" and target["service_instance_id"] == "test-node"
+    gm.telemetry.shutdown()
+    with pytest.raises(urllib.error.URLError):
+        http_get(url, timeout=1)
+
+
+def test_settings_turn_telemetry_on_only_when_asked():
+    assert NodeSettings(mailbox="memory://x").telemetry() is None
+    assert gm.telemetry.active() is None
+    telemetry = NodeSettings(mailbox="memory://x", metrics_port=0, metrics_address="127.0.0.1", learner_id="n1").telemetry()
+    assert telemetry is not None and telemetry is gm.telemetry.active()
+    assert telemetry.prometheus_address is not None
+    assert 'service_instance_id="n1"' in http_get(f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics")
+
+
+def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp_path):
+    box = gm.FileMailbox(tmp_path / "box")
+    store = RunStore(box, get_backend("numpy"))
+    manifest, _ = join_run(store, {"w": np.zeros(3, np.float32)}, gm.DiLoCo(), "creator")
+    clock = FakeClock()
+    syncer = SyncerRuntime(store, RunSpec.from_manifest(manifest), "node", clock=clock)
+    dying, leaving = LearnerLease(box, "dying", 2.0), LearnerLease(box, "leaving", 2.0)
+    dying.renew()
+    leaving.renew()
+    syncer.run_once()
+    assert set(syncer.live) == {"dying", "leaving"}
+    clock.now += 1.0
+    leaving.release()
+    syncer.run_once()
+    assert set(syncer.live) == {"dying"} and syncer.learner_leases_expired == 0
+    clock.now += 1.5
+    syncer.run_once()
+    assert syncer.live == {} and syncer.learner_leases_expired == 1
+
+
+def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():
+    box = gm.MemoryMailbox()
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a, b = Election(box, "a", ttl_s=3.0, clock=clock_a), Election(box, "b", ttl_s=3.0, clock=clock_b)
+    assert a.poll() and not b.poll()
+    clock_b.now += 3.1  # a died without a word
+    assert b.poll() and b.takeovers == 1 and b.leases_expired == 1
+    b.resign()
+    clock_a.now += 1.1
+    assert not a.poll()  # its renewal fails: deposed
+    assert a.poll()  # and it takes the released lease over
+    assert a.takeovers == 1 and a.leases_expired == 0
+
+
+def test_round_phases_partition_the_round():
+    phases = hooks.RoundPhases(opened_at=10.0, first_seen_at=12.0, quorum_at=12.5, closing_at=13.0, merged_at=13.25,
+                               stepped_at=13.5, committed_at=14.0, now=20.0, grace_window_s=0.5, grace_contributions=1,
+                               fetch_s=0.1, fetched_bytes=100)
+    durations = phases.durations()
+    assert list(durations) == list(PHASES)
+    assert durations == {"collect": 2.0, "quorum_wait": 0.5, "grace": 0.5, "merge": 0.25, "outer_step": 0.25, "commit": 0.5}
+    assert sum(durations.values()) == phases.committed_at - phases.opened_at
+
+
+def test_an_applications_own_providers_receive_the_metrics_and_spans(tmp_path):
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    reader, spans = InMemoryMetricReader(), InMemorySpanExporter()
+    tracer_provider = TracerProvider()
+    tracer_provider.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = gm.telemetry.configure(meter_provider=MeterProvider(metric_readers=[reader]), tracer_provider=tracer_provider)
+    assert not telemetry.otlp_metrics and not telemetry.otlp_traces and telemetry.prometheus_address is None
+    start_sessions(gm.FileMailbox(tmp_path / "box"), ["a", "b"], steps=60).join()
+    data = reader.get_metrics_data()
+    names = {m.name for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    assert {"gradientmail.rounds.committed", "gradientmail.learner.steps", "gradientmail.round.phase.duration"} <= names
+    finished = spans.get_finished_spans()
+    assert any(s.name == "gradientmail.round" for s in finished)
+    assert {s.name for s in finished} >= {f"gradientmail.round.{phase}" for phase in PHASES}
