@@ -238,7 +238,12 @@ class Session:
     def _exchange_between_steps(self) -> None:
         self._attention = False
         self._align_ready()
-        due = set(self._due_at.get(self.stats.steps % self.algorithm.sync_every, ()))
+        # A scheduled exchange needs half a period of training since the fragment last aligned:
+        # every round applies a full outer momentum step, so rounds of a few steps (a learner
+        # whose schedule falls just after a commit) would repeat that step many times a period.
+        minimum = (self.algorithm.sync_every + 1) // 2
+        scheduled = self._due_at.get(self.stats.steps % self.algorithm.sync_every, ())
+        due = {f for f in scheduled if self.stats.steps - self._fragments[f].align_step >= minimum}
         assert self._exchange is not None
         due |= self._exchange.others_publishing
         due |= {i for i, f in enumerate(self._fragments) if f.deferred}
