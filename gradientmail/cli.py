@@ -3,6 +3,8 @@
     gradientmail status <mailbox-url> [--rounds N]
     gradientmail export <mailbox-url> <file.safetensors>
     gradientmail replay <mailbox-url> --fragment F [--version V]
+    gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py)
+    gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
 """
 
 from __future__ import annotations
@@ -119,7 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay_parser.add_argument("mailbox")
     replay_parser.add_argument("--fragment", type=int, required=True)
     replay_parser.add_argument("--version", type=int, default=None)
+    commands.add_parser("node", help="run a learner node configured by GRADIENTMAIL_* variables (what the images run)")
+    commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
     args = parser.parse_args(argv)
+    if args.command in ("node", "health"):
+        from gradientmail import node  # imports the training stack only when asked
+
+        return node.main() if args.command == "node" else node.health_main()
     try:
         if args.command == "status":
             status(args.mailbox, args.rounds)
