@@ -366,3 +366,27 @@ def test_a_learner_publishes_early_when_the_round_is_one_short_of_quorum():
         (early,) = published(box, "me")
         assert early.anchor_version == 0 and early.steps < 50 and early.samples == 3 * early.steps
         session.close(wait=False)
+
+
+def test_a_scheduled_exchange_waits_for_half_a_period_of_training():
+    """Quorum of one: due 3 steps after a commit, the learner publishes once it has trained 5."""
+    box = gm.MemoryMailbox()
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
+    algorithm = gm.DiLoCo(sync_every=10)
+    model = numpy_model(0.0)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=options) as session:
+        for _ in range(6):
+            session.step(samples=1)
+        contribute(RunStore(box, NUMPY), "other", 0, numpy_model(0.5), 4, 4)
+        wait_for(lambda: RunStore(box, NUMPY).newest_version(0) == 1)
+        wait_for(lambda: (session.step(samples=1), session.versions[0] == 1)[1])  # aligned at step 7 or later
+        aligned_at = session.stats.steps
+        assert aligned_at < 10
+        while session.stats.steps < 10:  # the scheduled step: too little trained since aligning
+            session.step(samples=1)
+        session.wait_published()
+        assert published(box, "me") == []
+        while session.stats.steps < aligned_at + 5:
+            session.step(samples=1)
+        session.wait_published()
+        assert [(c.anchor_version, c.steps) for c in published(box, "me")] == [(1, 5)]

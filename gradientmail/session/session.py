@@ -85,6 +85,8 @@ class _Fragment:
     """Local step at which our contribution against ``anchor_version`` went out, if any."""
     deferred: bool = False
     """Due while ``in_flight`` was exhausted: publish as soon as a slot frees."""
+    half_period_pending: bool = False
+    """Due with less than half a period trained (quorum of one): publish once it has that much."""
 
 
 @dataclass
@@ -238,12 +240,7 @@ class Session:
     def _exchange_between_steps(self) -> None:
         self._attention = False
         self._align_ready()
-        # A scheduled exchange needs half a period of training since the fragment last aligned:
-        # every round applies a full outer momentum step, so rounds of a few steps (a learner
-        # whose schedule falls just after a commit) would repeat that step many times a period.
-        minimum = (self.algorithm.sync_every + 1) // 2
-        scheduled = self._due_at.get(self.stats.steps % self.algorithm.sync_every, ())
-        due = {f for f in scheduled if self.stats.steps - self._fragments[f].align_step >= minimum}
+        due = self._scheduled_now()
         assert self._exchange is not None
         due |= self._exchange.others_publishing
         due |= {i for i, f in enumerate(self._fragments) if f.deferred}
@@ -252,8 +249,30 @@ class Session:
         self._wait_for_overlap()
         self._exchange.lease_info = {"step": self.stats.steps, "step_time_s": round(self._step_time_s or 0.0, 6),
                                      "versions": ",".join(str(f.anchor_version) for f in self._fragments)}
-        if any(f.published_step is not None or f.deferred for f in self._fragments):
-            self._attention = True  # keep checking while contributions are in flight
+        if any(f.published_step is not None or f.deferred or f.half_period_pending for f in self._fragments):
+            self._attention = True  # keep checking while contributions are in flight or deferred
+
+    def _scheduled_now(self) -> set[int]:
+        """Fragments whose scheduled exchange is now, with at least half a period trained.
+
+        Every round applies a full outer momentum step, so a learner whose schedule falls just
+        after a commit must not open a round of a few steps. With ``quorum_size ≥ 2`` it skips
+        that exchange: the next round will pull it in early. With a quorum of one nothing
+        would, so it publishes once the half period is reached instead.
+        """
+        minimum = (self.algorithm.sync_every + 1) // 2
+        steps = self.stats.steps
+        due: set[int] = set()
+        for fragment in self._due_at.get(steps % self.algorithm.sync_every, ()):
+            state = self._fragments[fragment]
+            if steps - state.align_step >= minimum:
+                due.add(fragment)
+            elif self.algorithm.quorum_size == 1:
+                state.half_period_pending = True
+        for fragment, state in enumerate(self._fragments):
+            if state.half_period_pending and steps - state.align_step >= minimum:
+                due.add(fragment)
+        return due
 
     def _align_ready(self) -> None:
         assert self._exchange is not None
@@ -308,6 +327,7 @@ class Session:
             Publication(fragment, state.anchor_version, steps, self.stats.samples - state.align_samples, delta, final, self._step_time_s)
         )
         state.published_step = self.stats.steps
+        state.half_period_pending = False
         self.stats.contributions += 1
         return True
 
