@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gradientmail.demo import events, settings
 from gradientmail.demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
@@ -46,6 +47,10 @@ class WorkerConfig:
     outer_momentum: float = settings.OUTER_MOMENTUM
     quorum: int = 1
     merge: str = "rda"
+    algorithm: Any = None
+    """A whole ``gm.DiLoCo``: replaces the run knobs above (``gradientmail node`` passes its settings')."""
+    options: Any = None
+    """A whole ``gm.SessionOptions``: replaces ``run_syncer`` above."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
@@ -99,10 +104,12 @@ def run(config: WorkerConfig) -> float:
     events.emit("start", learner, framework=config.framework, steps=config.steps, batch_size=config.batch_size,
                 tokens_per_step=sampler.tokens_per_batch)
 
-    algorithm = gm.DiLoCo(sync_every=config.sync_every, fragments=config.fragments, flush_on_close=config.flush_on_close,
-                          outer_lr=config.outer_lr, outer_momentum=config.outer_momentum, quorum_size=config.quorum,
-                          merge=gm.Rda() if config.merge == "rda" else gm.WeightedMean())
-    options = gm.SessionOptions(run_syncer=config.run_syncer)
+    algorithm = config.algorithm or gm.DiLoCo(
+        sync_every=config.sync_every, fragments=config.fragments, flush_on_close=config.flush_on_close,
+        outer_lr=config.outer_lr, outer_momentum=config.outer_momentum, quorum_size=config.quorum,
+        merge=gm.Rda() if config.merge == "rda" else gm.WeightedMean(),
+    )
+    options = config.options or gm.SessionOptions(run_syncer=config.run_syncer)
     stop_file = config.stop_file
     local_val_loss: float | None = None
     with gm.Session(trainer.model, algorithm=algorithm, mailbox=config.mailbox, learner_id=learner, options=options) as session:

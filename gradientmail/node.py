@@ -1,0 +1,186 @@
+"""``gradientmail node``: one learner node, configured only by ``GRADIENTMAIL_*`` variables.
+
+This is what the container images run (``docker/``), what the Helm chart's pods run and what
+the Apple-host runner (``scripts/apple-learner``) starts. It reads
+:class:`~gradientmail.settings.NodeSettings` from the environment, turns telemetry on as
+configured (the Prometheus endpoint on ``GRADIENTMAIL_METRICS_PORT``, which is also the
+images' health check), then runs one of:
+
+* ``GRADIENTMAIL_SCRIPT=/path/train.py`` — the user's training script, run as ``__main__``
+  (mounted into the container); it builds its model and calls ``gm.Session.from_env(model)``,
+  which reads the same variables;
+* ``GRADIENTMAIL_ENTRYPOINT=package.module`` (run as ``__main__``) or
+  ``package.module:function`` (called without arguments) — a training script from an
+  installed package;
+* neither — the library's training script: the demo GPT on Shakespeare
+  (:mod:`gradientmail.demo.worker`) for ``GRADIENTMAIL_STEPS`` steps, on the backend named by
+  ``GRADIENTMAIL_BACKEND`` (``torch`` by default, ``mlx``), with the run settings given.
+
+Health (``gradientmail health``, the images' ``HEALTHCHECK``): the node's own Prometheus
+endpoint answers ``GET /metrics`` with 200 within a few seconds. It is served by a thread of
+the node process, so a dead or wedged process fails it; it needs ``GRADIENTMAIL_METRICS_PORT``
+(the images set 9464). Kubernetes probes the same endpoint with ``httpGet``.
+
+SIGTERM (``docker stop``, a pod's termination) raises ``SystemExit(143)`` in the training
+loop, so ``with gm.Session(...)`` closes without waiting and releases the learner's lease
+instead of leaving it to expire. Exit codes: the script's own; 2 for invalid settings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import runpy
+import signal
+import sys
+import zlib
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from gradientmail.errors import GradientMailError, InvalidConfig
+from gradientmail.session.session import default_learner_id
+from gradientmail.settings import NodeSettings
+
+__all__ = ["check_health", "health_main", "library_worker_config", "main", "run_node"]
+
+log = logging.getLogger("gradientmail.node")
+
+_SIGTERM_EXIT = 128 + signal.SIGTERM
+
+def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(_SIGTERM_EXIT)
+
+
+def library_worker_config(settings: NodeSettings) -> Any:
+    """The demo worker's ``WorkerConfig`` for these settings.
+
+    The batch stream's seed comes from the learner id, so every node of a run sees different
+    data and a restarted node the same as before.
+
+    Every algorithm and session setting is passed on whole.
+
+    Raises:
+        InvalidConfig: invalid settings, or the ``numpy`` backend (the script trains a torch or
+            MLX model).
+    """
+    from gradientmail.demo import settings as demo
+    from gradientmail.demo.worker import WorkerConfig
+
+    if settings.backend == "numpy":
+        raise InvalidConfig("backend", "the library's training script trains with 'torch' or 'mlx', not 'numpy'")
+    learner_id = settings.learner_id or default_learner_id()
+    return WorkerConfig(
+        mailbox=settings.mailbox,
+        learner_id=learner_id,
+        steps=demo.STEPS if settings.steps is None else settings.steps,
+        seed=zlib.crc32(learner_id.encode()) % 2**31,
+        framework=settings.backend or "torch",
+        algorithm=settings.algorithm(),
+        options=settings.session_options(),
+    )
+
+
+def _run_script(path_text: str) -> None:
+    path = Path(path_text)
+    if not path.is_file():
+        raise InvalidConfig("script", f"no file at {path_text!r} (mount the training script into the container)")
+    sys.argv = [str(path)]
+    sys.path.insert(0, str(path.resolve().parent))  # as `python train.py` would: its folder's modules import
+    runpy.run_path(str(path), run_name="__main__")
+
+
+def _run_entrypoint(entrypoint: str) -> object:
+    module_name, _, function_name = entrypoint.partition(":")
+    sys.argv = [entrypoint]
+    try:
+        if not function_name:
+            runpy.run_module(module_name, run_name="__main__", alter_sys=True)
+            return None
+        function = getattr(importlib.import_module(module_name), function_name)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidConfig("entrypoint", f"cannot load {entrypoint!r}: {exc}") from None
+    return function()
+
+
+def run_node(settings: NodeSettings) -> int:
+    """Run the node's training script under these settings; return its exit code.
+
+    Raises whatever the training script raises (``RunConfigMismatch``, ``MailboxError``, …) and
+    ``InvalidConfig`` for settings that cannot work together.
+    """
+    if settings.script and settings.entrypoint:
+        raise InvalidConfig("script", "set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT, not both")
+    telemetry = settings.telemetry()
+    if telemetry is not None and telemetry.prometheus_address is not None:
+        log.info("metrics on http://%s:%d/metrics", *telemetry.prometheus_address)
+    try:
+        if settings.script:
+            log.info("running the training script %s", settings.script)
+            _run_script(settings.script)
+        elif settings.entrypoint:
+            log.info("running the entry point %s", settings.entrypoint)
+            result = _run_entrypoint(settings.entrypoint)
+            if isinstance(result, int) and not isinstance(result, bool):
+                return result
+        else:
+            from gradientmail.demo import worker
+
+            config = library_worker_config(settings)
+            log.info("running the library's training script: %s, %d steps, learner %s", config.framework, config.steps,
+                     config.learner_id)
+            worker.run(config)
+    finally:
+        if telemetry is not None:
+            telemetry.shutdown()
+    return 0
+
+
+def check_health(settings: NodeSettings, timeout_s: float = 3.0) -> tuple[bool, str]:
+    """Whether this node's metrics endpoint answers; and a line saying what was seen."""
+    import urllib.error
+    import urllib.request
+
+    if settings.metrics_port is None:
+        return False, "GRADIENTMAIL_METRICS_PORT is not set: the health check asks the node's metrics endpoint"
+    host = settings.metrics_address if settings.metrics_address not in ("0.0.0.0", "::", "") else "127.0.0.1"
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{settings.metrics_port}/metrics"
+    try:
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through an HTTP(S)_PROXY
+        with direct.open(url, timeout=timeout_s) as response:
+            response.read()
+            return response.status == 200, f"{url} answered {response.status}"
+    except (urllib.error.URLError, OSError) as exc:
+        return False, f"{url} did not answer: {exc}"
+
+
+def health_main() -> int:
+    """``gradientmail health``: exit 0 when the node's metrics endpoint answers, else 1."""
+    try:
+        healthy, line = check_health(NodeSettings.from_env())
+    except InvalidConfig as exc:
+        healthy, line = False, f"invalid settings: {exc}"
+    print(line)
+    return 0 if healthy else 1
+
+
+def main() -> int:
+    """``gradientmail node``: settings from the environment, then :func:`run_node`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        settings = NodeSettings.from_env()
+        if settings.learner_id is None:  # the session would pick the same; the metrics' node label needs it now
+            settings = NodeSettings.from_env(learner_id=default_learner_id())
+        return run_node(settings)
+    except InvalidConfig as exc:
+        print(f"gradientmail node: invalid settings: {exc}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return exc.code or 0
+        print(exc.code, file=sys.stderr)
+        return 1
+    except GradientMailError as exc:
+        print(f"gradientmail node: {exc}", file=sys.stderr)
+        return 1

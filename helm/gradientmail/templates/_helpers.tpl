@@ -1,0 +1,69 @@
+{{/* Names and labels. */}}
+{{- define "gradientmail.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gradientmail.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gradientmail.labels" -}}
+app.kubernetes.io/name: {{ include "gradientmail.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "gradientmail.learnerSelector" -}}
+app.kubernetes.io/name: {{ include "gradientmail.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: learner
+{{- end -}}
+
+{{- define "gradientmail.minioSelector" -}}
+app.kubernetes.io/name: {{ include "gradientmail.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: mailbox
+{{- end -}}
+
+{{- define "gradientmail.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "gradientmail.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gradientmail.image" -}}
+{{- $tag := .Values.image.tag | default (ternary "cuda" "cpu" (gt (int .Values.gpu.count) 0)) -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+
+{{- define "gradientmail.minioName" -}}
+{{- printf "%s-minio" (include "gradientmail.fullname" .) -}}
+{{- end -}}
+
+{{- define "gradientmail.minioSecret" -}}
+{{- .Values.minio.existingSecret | default (include "gradientmail.minioName" .) -}}
+{{- end -}}
+
+{{/* The mailbox URL every learner gets (gradientmail/mailbox/url.py). */}}
+{{- define "gradientmail.mailboxUrl" -}}
+{{- $m := .Values.mailbox -}}
+{{- $query := list -}}
+{{- if .Values.minio.enabled -}}
+{{- $query = append $query (printf "endpoint=http://%s:9000" (include "gradientmail.minioName" .)) -}}
+{{- $query = append $query "addressing=path" -}}
+{{- else -}}
+{{- with $m.endpoint }}{{ $query = append $query (printf "endpoint=%s" .) }}{{ end -}}
+{{- with $m.addressing }}{{ $query = append $query (printf "addressing=%s" .) }}{{ end -}}
+{{- end -}}
+{{- with $m.region }}{{ $query = append $query (printf "region=%s" .) }}{{ end -}}
+{{- printf "s3://%s/%s" $m.bucket (trimAll "/" $m.prefix) -}}
+{{- if $query }}?{{ join "&" $query }}{{ end -}}
+{{- end -}}

@@ -1,0 +1,95 @@
+"""What the deployment-kit tests share: the repository's deploy files, read the way their tools read them."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gradientmail.settings import NodeSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "compose.yaml"
+RUN_ENV = ROOT / "docker" / "run.env"
+DOCKERFILES = {"cpu": ROOT / "docker" / "cpu.Dockerfile", "cuda": ROOT / "docker" / "cuda.Dockerfile"}
+CHART = ROOT / "helm" / "gradientmail"
+SETTINGS_FIELDS = frozenset(NodeSettings.model_fields)
+STANDARD_VARIABLES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HOME"})
+"""Variables a learner may be given besides GRADIENTMAIL_*: boto3's credentials, HOME."""
+
+
+def tool(name: str) -> str:
+    """A command-line tool installed beside this Python (the dev extra), else on PATH."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    assert found, f"{name} is not installed: pip install -e '.[dev]'"
+    return found
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    """``NAME=value`` lines, as compose's env_file and scripts/apple-learner read them."""
+    values = {}
+    for line in path.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, value = line.partition("=")
+        values[name] = value
+    return values
+
+
+def load_compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text())  # resolves the x-learner anchors and merge keys
+
+
+def learner_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Services that run a learner image (built from one of docker/*.Dockerfile)."""
+    return {name: service for name, service in compose["services"].items()
+            if str(service.get("build", {}).get("dockerfile", "")).startswith("docker/")}
+
+
+def learner_environment(service: dict[str, Any]) -> dict[str, str]:
+    """What compose gives the learner: env_file entries, then ``environment`` (which wins)."""
+    env: dict[str, str] = {}
+    for entry in service.get("env_file", []):
+        env.update(read_env_file(ROOT / (entry if isinstance(entry, str) else entry["path"])))
+    environment = service.get("environment", {})
+    if isinstance(environment, list):
+        environment = dict(item.split("=", 1) for item in environment)
+    env.update({k: str(v) for k, v in environment.items()})
+    return env
+
+
+def interpolate(text: str) -> str:
+    """Compose's ``${NAME:-default}`` with nothing set: the default."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
+def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    current = ""
+    for raw in path.read_text().splitlines():
+        if raw.lstrip().startswith("#") or not raw.strip():
+            continue
+        current += raw.rstrip("\\").strip() + " "
+        if not raw.rstrip().endswith("\\"):
+            lines.append(current.strip())
+            current = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1] if " " in line else "") for line in lines]
+
+
+def dockerfile_env(path: Path) -> dict[str, str]:
+    """The final stage's ENV (``NAME=value`` pairs)."""
+    instructions = dockerfile_instructions(path)
+    last_from = max(i for i, (op, _) in enumerate(instructions) if op == "FROM")
+    env: dict[str, str] = {}
+    for op, args in instructions[last_from:]:
+        if op == "ENV":
+            for pair in args.split():
+                name, _, value = pair.partition("=")
+                env[name] = value
+    return env

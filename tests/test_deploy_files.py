@@ -1,0 +1,429 @@
+"""The deployment kit checked by the real tools, and cross-checked against the settings model.
+
+hadolint lints both Dockerfiles; check-jsonschema validates compose.yaml against the
+compose-spec schema it vendors; Helm itself (helm-python-sdk) lints and renders the chart for
+several value sets and kubernetes-validate --strict checks every rendered manifest. Then the
+files are cross-checked: every variable a learner is given is a setting the model knows, every
+path a service mounts exists, every name a scrape config or dependency uses is a service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import pytest
+import yaml
+
+from gradientmail.mailbox import open_mailbox
+from gradientmail.settings import NodeSettings
+from tests.deploy_tools import (
+    CHART,
+    COMPOSE,
+    DOCKERFILES,
+    ROOT,
+    RUN_ENV,
+    SETTINGS_FIELDS,
+    STANDARD_VARIABLES,
+    dockerfile_env,
+    dockerfile_instructions,
+    interpolate,
+    learner_environment,
+    learner_services,
+    load_compose,
+    read_env_file,
+    tool,
+)
+
+# -- images ---------------------------------------------------------------------------------
+
+
+ALL_DOCKERFILES = {**{name: path for name, path in DOCKERFILES.items()}, "seaweedfs-check": ROOT / "docker/check/seaweedfs.Dockerfile"}
+
+
+@pytest.mark.parametrize("image", sorted(ALL_DOCKERFILES))
+def test_hadolint_passes_the_dockerfile_at_warning_threshold(image):
+    result = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", str(ALL_DOCKERFILES[image])],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_is_really_linting(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian\nRUN apt-get install curl\n")
+    result = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", str(bad)], capture_output=True, text=True)
+    assert result.returncode != 0 and "DL3008" in result.stdout
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_the_image_is_multi_stage_non_root_and_runs_the_node(image):
+    instructions = dockerfile_instructions(DOCKERFILES[image])
+    froms = [args for op, args in instructions if op == "FROM"]
+    assert len(froms) == 2 and all(args.startswith("${BASE_IMAGE}") for args in froms), froms
+    assert instructions[0] == ("ARG", instructions[0][1]) and instructions[0][1].startswith("BASE_IMAGE=")
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM"):]
+    ops = dict(final)
+    assert ops["USER"].split(":")[0] not in ("0", "root") and int(ops["USER"].split(":")[0]) >= 1000
+    assert json.loads(ops["ENTRYPOINT"]) == ["gradientmail"] and json.loads(ops["CMD"]) == ["node"]
+    assert ops["HEALTHCHECK"].endswith('CMD ["gradientmail", "health"]')
+    assert "COPY --from=build /opt/gradientmail /opt/gradientmail" in [f"{op} {args}" for op, args in final]
+    assert not [args for op, args in final if op == "RUN" and ("pip" in args or "apt-get" in args)], "no installs in the runtime stage"
+    env = dockerfile_env(DOCKERFILES[image])
+    assert {name for name in env if name.startswith("GRADIENTMAIL_")} <= SETTINGS_FIELDS_ENV
+    assert env["GRADIENTMAIL_METRICS_PORT"] == "9464"
+    assert ops["EXPOSE"] == env["GRADIENTMAIL_METRICS_PORT"]
+
+
+SETTINGS_FIELDS_ENV = {f"GRADIENTMAIL_{name.upper()}" for name in SETTINGS_FIELDS}
+
+
+def test_the_build_context_holds_only_what_the_images_copy():
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ignore[0].startswith("#") and "*" in ignore
+    allowed = {line[1:].rstrip("/") for line in ignore if line.startswith("!")}
+    for path in DOCKERFILES.values():
+        for op, args in dockerfile_instructions(path):
+            if op == "COPY" and not args.startswith("--from"):
+                assert set(args.split()[:-1]) <= allowed, args
+
+
+# -- compose --------------------------------------------------------------------------------
+
+
+def _settings_from(env: dict[str, str]) -> NodeSettings:
+    names = {k[len("GRADIENTMAIL_"):].lower(): v for k, v in env.items() if k.startswith("GRADIENTMAIL_")}
+    return NodeSettings(**names)
+
+
+@pytest.mark.parametrize("compose_file", [COMPOSE, ROOT / "docker/check/compose.seaweedfs.yaml"], ids=lambda path: path.name)
+def test_compose_validates_against_the_compose_spec(compose_file):
+    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(compose_file)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_compose_spec_check_refuses_a_broken_file(tmp_path):
+    broken = tmp_path / "compose.yaml"
+    broken.write_text(COMPOSE.read_text().replace("    hostname: learner-1", "    hostnam: learner-1"))
+    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken)],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "hostnam" in result.stdout
+
+
+def test_every_depends_on_target_is_a_service():
+    services = load_compose()["services"]
+    check = yaml.safe_load((ROOT / "docker/check/compose.seaweedfs.yaml").read_text())["services"]
+    assert set(check) <= set(services), "the podman check only overrides compose.yaml's services"
+    for name, service in services.items():
+        targets = service.get("depends_on", [])
+        for target in targets if isinstance(targets, list) else targets.keys():
+            assert target in services, f"{name} depends on {target}, which is not a service"
+
+
+def test_learners_get_only_known_settings_with_stable_ids():
+    compose = load_compose()
+    learners = learner_services(compose)
+    assert {"learner-1", "learner-2", "learner-3", "gpu-learner-1"} <= set(learners)
+    for name, service in learners.items():
+        env = learner_environment(service)
+        for variable in env:
+            if variable.startswith("GRADIENTMAIL_"):
+                assert variable in SETTINGS_FIELDS_ENV, f"{name}: {variable} is not a NodeSettings field"
+            else:
+                assert variable in STANDARD_VARIABLES, f"{name}: unexpected variable {variable}"
+        env = {k: interpolate(v) for k, v in env.items()}
+        settings = _settings_from(env)
+        settings.algorithm()
+        open_mailbox(settings.mailbox).close()
+        if "profiles" not in service:  # the default learners: a stable id, the container's host name
+            assert service["hostname"] == name
+    gpu = learners["gpu-learner-1"]
+    assert gpu["build"]["dockerfile"] == "docker/cuda.Dockerfile" and gpu["profiles"] == ["gpu"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+
+
+def test_run_env_holds_only_settings():
+    env = read_env_file(RUN_ENV)
+    assert env and set(env) <= SETTINGS_FIELDS_ENV
+    _settings_from({"GRADIENTMAIL_MAILBOX": "memory://", **env}).algorithm()
+
+
+def test_the_bucket_init_creates_the_bucket_the_learners_use():
+    compose = load_compose()
+    mailbox = learner_environment(compose["services"]["learner-1"])["GRADIENTMAIL_MAILBOX"]
+    bucket = mailbox.split("://", 1)[1].split("/", 1)[0]
+    assert f"local/{bucket}" in " ".join(compose["services"]["bucket-init"]["command"])
+    assert "service_completed_successfully" == compose["services"]["learner-1"]["depends_on"]["bucket-init"]["condition"]
+
+
+def _mounts(service: dict[str, Any]) -> dict[str, Path]:
+    """Container path -> repository path, for the service's bind mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target = volume.split(":")[:2]
+        if source.startswith("./"):
+            mounts[target] = ROOT / source
+    return mounts
+
+
+def _resolve(mounts: dict[str, Path], container_path: str) -> Path:
+    for target, source in sorted(mounts.items(), key=lambda item: -len(item[0])):
+        if container_path == target or container_path.startswith(target + "/"):
+            return source / container_path[len(target):].lstrip("/")
+    raise AssertionError(f"{container_path} is not mounted from the repository")
+
+
+def test_prometheus_scrapes_the_learners_with_the_projects_rules():
+    compose = load_compose()
+    prometheus = compose["services"]["prometheus"]
+    mounts = _mounts(prometheus)
+    for source in mounts.values():
+        assert source.exists(), f"prometheus mounts {source}, which is missing"
+    config = yaml.safe_load(_resolve(mounts, "/etc/prometheus/prometheus.yml").read_text())
+    for rule_file in config["rule_files"]:
+        rules = yaml.safe_load(_resolve(mounts, rule_file).read_text())
+        assert rules["groups"], rule_file
+    assert _resolve(mounts, config["rule_files"][0]) == ROOT / "dashboards/prometheus/gradientmail.rules.yaml"
+    port = dockerfile_env(DOCKERFILES["cpu"])["GRADIENTMAIL_METRICS_PORT"]
+    learners = learner_services(compose)
+    scraped = set()
+    for job in config["scrape_configs"]:
+        for sd in job.get("dns_sd_configs", []):
+            assert str(sd["port"]) == port
+            scraped |= set(sd["names"])
+    assert scraped == set(learners), "every learner service is scraped, and only those"
+
+
+def test_promtool_accepts_the_prometheus_config(tmp_path):
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI"):
+            pytest.fail("promtool is missing in CI: scripts/bootstrap.sh installs Debian's prometheus")
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    result = subprocess.run([promtool, "check", "config", "--syntax-only", str(ROOT / "docker/prometheus.yml")],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_grafana_provisions_the_projects_datasource_and_dashboards():
+    compose = load_compose()
+    grafana = compose["services"]["grafana"]
+    mounts = _mounts(grafana)
+    for source in mounts.values():
+        assert source.is_dir(), f"grafana mounts {source}, which is missing"
+    datasources = yaml.safe_load(next(_resolve(mounts, "/etc/grafana/provisioning/datasources").glob("*.yaml")).read_text())
+    url = datasources["datasources"][0]["url"]
+    host, port = url.split("://")[1].split(":")
+    assert host in compose["services"] and f"{port}:{port}" in compose["services"][host]["ports"]
+    providers = yaml.safe_load(next(_resolve(mounts, "/etc/grafana/provisioning/dashboards").glob("*.yaml")).read_text())
+    dashboards = _resolve(mounts, providers["providers"][0]["options"]["path"])
+    assert dashboards == ROOT / "dashboards/grafana" and sorted(dashboards.glob("*.json"))
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert _resolve(mounts, home).is_file()
+
+
+def test_the_compose_header_documents_ports_and_credentials():
+    compose = load_compose()
+    header = COMPOSE.read_text().split("x-learner")[0]
+    for service in compose["services"].values():
+        for port in service.get("ports", []):
+            assert port.split(":")[0] in header
+    for secret in ("gradientmail-secret", "MINIO_ROOT_USER", "GRAFANA_ADMIN_PASSWORD", "--scale"):
+        assert secret in header
+
+
+# -- the Helm chart ---------------------------------------------------------------------------
+
+VALUE_SETS = {
+    "defaults": {},
+    "gpu-pool": yaml.safe_load((CHART / "ci/gpu-pool-values.yaml").read_text()),
+    "external-s3": yaml.safe_load((CHART / "ci/external-s3-values.yaml").read_text()),
+    "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
+}
+CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script"}
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def _render(values: dict[str, Any]) -> dict[str, str]:
+    with helm_python.Chart.load(CHART) as chart:
+        return chart.render(values, name="gm", namespace="training", is_install=True)
+
+
+def _documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
+    return [doc for name, text in rendered.items() if not name.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def _learner_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    (statefulset,) = [d for d in documents if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "gm-gradientmail"]
+    return statefulset["spec"]["template"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_helm_lint_passes(value_set):
+    report = helm_python.lint(CHART, VALUE_SETS[value_set], strict=True)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]
+    assert not problems and not report["errors"], report
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_manifests_pass_kubernetes_validate_strict(value_set, tmp_path):
+    rendered = _render(VALUE_SETS[value_set])
+    files = []
+    for name, text in rendered.items():
+        if name.endswith("NOTES.txt") or not text.strip():
+            continue
+        path = tmp_path / name.replace("/", "_")
+        path.write_text(text)
+        files.append(str(path))
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", *files], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    documents = _documents(rendered)
+    passed = 0
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.startswith("INFO ") and " passed for resource " in line:
+            passed += 1
+        elif line.strip():  # the Prometheus Operator's kinds have no schema there: the only warnings
+            assert "Couldn't find schema for kind" in line and any(kind in line for kind in CRD_KINDS), line
+    assert passed == len([d for d in documents if d["kind"] not in CRD_KINDS])
+    kinds = {doc["kind"] for doc in documents}
+    assert {"StatefulSet", "Service", "ServiceAccount", "PodDisruptionBudget", "NetworkPolicy", "ConfigMap"} <= kinds
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_set):
+    documents = _documents(_render(VALUE_SETS[value_set]))
+    container = _learner_container(documents)
+    literal = {}
+    for entry in container["env"]:
+        name = entry["name"]
+        if name.startswith("GRADIENTMAIL_"):
+            assert name in SETTINGS_FIELDS_ENV, f"{name} is not a NodeSettings field"
+        if name.startswith("AWS_"):
+            assert "value" not in entry and "secretKeyRef" in entry["valueFrom"], f"{name} must come from a Secret"
+        if "value" in entry:
+            literal[name] = entry["value"]
+    assert container["env"][1] == {"name": "GRADIENTMAIL_LEARNER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+    settings = _settings_from(literal)
+    settings.algorithm()
+    settings.session_options()
+    open_mailbox(settings.mailbox).close()
+    for document in documents:
+        if document["kind"] == "Secret":
+            assert value_set == "in-chart-minio" and document["metadata"]["name"] == "gm-gradientmail-minio"
+
+
+def test_values_settings_are_exactly_the_node_settings_the_chart_does_not_manage():
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["settings"]["properties"]) == SETTINGS_FIELDS - CHART_MANAGED
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_every_pod_is_locked_down(value_set):
+    for document in _documents(_render(VALUE_SETS[value_set])):
+        if document["kind"] not in ("StatefulSet", "Job"):
+            continue
+        pod = document["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, document["metadata"]["name"]
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+        assert pod["automountServiceAccountToken"] is False
+        for container in pod["containers"]:
+            context = container["securityContext"]
+            assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+            assert context["capabilities"]["drop"] == ["ALL"]
+
+
+def test_the_gpu_pool_requests_gpus_and_places_learners():
+    values = VALUE_SETS["gpu-pool"]
+    documents = _documents(_render(values))
+    container = _learner_container(documents)
+    assert container["image"] == "gradientmail-learner:cuda"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and container["resources"]["requests"]["nvidia.com/gpu"] == 1
+    (statefulset,) = [d for d in documents if d["kind"] == "StatefulSet"]
+    pod = statefulset["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints"):
+        assert pod[key] == values["learners"][key]
+    assert statefulset["spec"]["replicas"] == 8 and statefulset["spec"]["podManagementPolicy"] == "Parallel"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GRADIENTMAIL_SCRIPT"] == "/opt/gradientmail-script/train.py"
+    assert {"ServiceMonitor", "PrometheusRule"} <= {d["kind"] for d in documents}
+
+
+def test_the_default_learner_is_cpu_and_uses_the_pods_role():
+    container = _learner_container(_documents(_render({})))
+    assert container["image"] == "gradientmail-learner:cpu"
+    assert not [e for e in container["env"] if e["name"].startswith("AWS_")]
+    assert all(probe["httpGet"] == {"path": "/metrics", "port": "metrics"}
+               for probe in (container["startupProbe"], container["readinessProbe"], container["livenessProbe"]))
+
+
+def test_external_s3_credentials_come_from_the_existing_secret():
+    container = _learner_container(_documents(_render(VALUE_SETS["external-s3"])))
+    refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"].startswith("AWS_")}
+    assert refs == {"AWS_ACCESS_KEY_ID": {"name": "r2-mailbox", "key": "access-key-id"},
+                    "AWS_SECRET_ACCESS_KEY": {"name": "r2-mailbox", "key": "secret-access-key"}}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GRADIENTMAIL_MAILBOX"] == ("s3://gradientmail-runs/teams/lm/run-7?endpoint=https://0123456789abcdef.r2"
+                                           ".cloudflarestorage.com&addressing=path&region=auto")
+
+
+def test_in_chart_minio_is_the_mailbox():
+    documents = _documents(_render(VALUE_SETS["in-chart-minio"]))
+    container = _learner_container(documents)
+    env = {e["name"]: e for e in container["env"]}
+    assert env["GRADIENTMAIL_MAILBOX"]["value"].startswith("s3://gradientmail/runs/onprem?endpoint=http://gm-gradientmail-minio:9000")
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio", "key": "rootPassword"}
+    names = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    assert {("StatefulSet", "gm-gradientmail-minio"), ("Service", "gm-gradientmail-minio"), ("Secret", "gm-gradientmail-minio"),
+            ("NetworkPolicy", "gm-gradientmail-minio")} <= names
+    (job,) = [d for d in documents if d["kind"] == "Job"]
+    assert "mailbox/gradientmail" in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+
+
+def test_the_dashboards_and_rules_are_the_projects_files():
+    documents = _documents(_render(VALUE_SETS["gpu-pool"]))
+    (configmap,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    expected = {path.name: path.read_text() for path in (ROOT / "dashboards/grafana").glob("*.json")}
+    assert expected and configmap["data"] == expected
+    (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"mailbox": {"accessKeyId": "AKIAEXAMPLE"}}, "at '/mailbox': additional properties 'accessKeyId' not allowed"),
+    ({"mailbox": {"prefix": "/runs//x"}}, "at '/mailbox/prefix'"),
+    ({"mailbox": {"bucket": "My_Bucket"}}, "at '/mailbox/bucket'"),
+    ({"mailbox": {"endpoint": "http://user:pw@s3.local:9000"}}, "at '/mailbox/endpoint'"),
+    ({"minio": {"enabled": True}, "mailbox": {"existingSecret": "aws"}}, "at '/mailbox/existingSecret': value must be ''"),
+    ({"settings": {"sync_evry": 10}}, "at '/settings': additional properties 'sync_evry' not allowed"),
+    ({"settings": {"merge": "median"}}, "at '/settings/merge': value must be one of 'rda', 'weighted_mean'"),
+    ({"settings": {"fragments": 0}}, "at '/settings/fragments': minimum: got 0, want 1"),
+    ({"gpu": {"count": -1}}, "at '/gpu/count': minimum: got -1, want 0"),
+    ({"learners": {"replicas": "three"}}, "at '/learners/replicas': got string, want integer"),
+    ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
+    ({"securityContext": {"privileged": True}}, "at '/securityContext/privileged'"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+])
+def test_invalid_values_are_refused_by_the_schema_with_a_clear_message(values, message):
+    with pytest.raises(helm_python.HelmValuesError) as refused:
+        _render(values)
+    assert message in str(refused.value)
+    report = helm_python.lint(CHART, values)
+    assert any(message in error for error in report["errors"]), report
+
+
+def test_a_node_setting_in_extra_env_is_refused_with_the_setting_to_use():
+    with pytest.raises(helm_python.HelmError, match=r"GRADIENTMAIL_SYNC_EVERY is a node setting; set it as settings.sync_every"):
+        _render({"learners": {"extraEnv": [{"name": "GRADIENTMAIL_SYNC_EVERY", "value": "3"}]}})
+
+
+def test_notes_tell_how_to_watch_the_run():
+    notes = _render(VALUE_SETS["in-chart-minio"])["gradientmail/templates/NOTES.txt"]
+    assert "kubectl -n training logs -f gm-gradientmail-0" in notes
+    assert "gradientmail status" in notes and "s3://gradientmail/runs/onprem" in notes
