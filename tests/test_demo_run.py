@@ -6,16 +6,6 @@ import re
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("torch")
-from gradientmail.demo.data import CorpusMissing, play_paths  # noqa: E402
-
-try:
-    play_paths()
-except CorpusMissing as exc:  # pragma: no cover - bootstrap installs it
-    pytest.skip(str(exc), allow_module_level=True)
-
 _ROUND = re.compile(r"^round  f(\d+) v(\d+) +from v(\d+)  (.*)$", re.MULTILINE)
 
 
