@@ -15,16 +15,9 @@ from gradientmail.session.join import join_run
 from gradientmail.store import LeaseObserver, RunStore, sha256_hex
 from gradientmail.syncer import Election, GraceEstimator, RunSpec, SyncerRuntime, replay_round
 from gradientmail.syncer.rounds import load_version
+from tests.fake_clock import FakeClock
 
 NUMPY = get_backend("numpy")
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_election_takeover_is_judged_on_the_observers_clock():

@@ -22,6 +22,7 @@ from gradientmail.syncer import Election, RunSpec, SyncerRuntime
 from gradientmail.telemetry import METRICS, hooks
 from gradientmail.telemetry.catalogue import PHASES
 from tests.telemetry_tools import ROOT, http_get, start_sessions
+from tests.fake_clock import FakeClock
 
 BOUNDED_LABELS = {"fragment", "learner", "node", "reason", "phase", "kind"}
 
@@ -35,14 +36,6 @@ def no_telemetry(monkeypatch):
     gm.telemetry.shutdown()
     yield
     gm.telemetry.shutdown()
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_the_catalogue_has_unique_bounded_helpful_names():
