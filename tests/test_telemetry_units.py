@@ -112,7 +112,14 @@ def test_settings_turn_telemetry_on_only_when_asked():
     telemetry = NodeSettings(mailbox="memory://x", metrics_port=0, metrics_address="127.0.0.1", learner_id="n1").telemetry()
     assert telemetry is not None and telemetry is gm.telemetry.active()
     assert telemetry.prometheus_address is not None
-    assert 'service_instance_id="n1"' in http_get(f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics")
+    # a live session gives the exposition data (an exporter with no data points serves nothing)
+    session = gm.Session({"w": np.zeros(2, np.float32)}, mailbox=gm.MemoryMailbox(), learner_id="n1",
+                         options=gm.SessionOptions(run_syncer=False))
+    session.open()
+    try:
+        assert 'service_instance_id="n1"' in http_get(f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics")
+    finally:
+        session.close(wait=False)
 
 
 def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp_path):

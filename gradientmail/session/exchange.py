@@ -77,7 +77,8 @@ class Exchange:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sequence = 0
-        self.lease_info: dict[str, object] = {}
+        self.lease_info: Callable[[], dict[str, object]] = dict
+        """What the lease tells observers; called at each renewal (on this thread), never per step."""
         self.others_publishing: set[int] = set()
         """Fragments whose current round another learner has opened (quorum ≥ 2 only)."""
         self.published: list[str] = []
@@ -87,7 +88,7 @@ class Exchange:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._lease.renew(**self.lease_info)
+        self._lease.renew(**self.lease_info())
         self._lease_renewed_at = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name=f"gm-exchange-{self._learner}", daemon=True)
         self._thread.start()
@@ -211,5 +212,5 @@ class Exchange:
 
     def _renew_lease(self) -> None:
         if time.monotonic() - self._lease_renewed_at >= self._lease_every_s:
-            self._lease.renew(**self.lease_info)
+            self._lease.renew(**self.lease_info())
             self._lease_renewed_at = time.monotonic()

@@ -198,6 +198,7 @@ class Session:
             self._store, self.spec, self.learner_id, [f.anchor_version for f in self._fragments],
             self.options.lease_ttl_s, self.options.poll_interval_s, self._notify,
         )
+        self._exchange.lease_info = self._lease_info
         self._exchange.start()
         if self.options.run_syncer:
             syncer_backend = self.backend if self.backend.name != "mlx" else get_backend("numpy")
@@ -232,6 +233,11 @@ class Session:
         if self._attention or (stats.steps % self.algorithm.sync_every) in self._due_at:
             self._exchange_between_steps()
 
+    def _lease_info(self) -> dict[str, object]:
+        """Progress shown in this learner's lease (read by the CLI and telemetry)."""
+        return {"step": self.stats.steps, "step_time_s": round(self._step_time_s or 0.0, 6),
+                "versions": ",".join(str(f.anchor_version) for f in self._fragments)}
+
     def _notify(self) -> None:
         self._attention = True
         with self._changed:
@@ -247,8 +253,6 @@ class Session:
         for fragment in sorted(due):
             self._publish(fragment, final=False)
         self._wait_for_overlap()
-        self._exchange.lease_info = {"step": self.stats.steps, "step_time_s": round(self._step_time_s or 0.0, 6),
-                                     "versions": ",".join(str(f.anchor_version) for f in self._fragments)}
         if any(f.published_step is not None or f.deferred or f.half_period_pending for f in self._fragments):
             self._attention = True  # keep checking while contributions are in flight or deferred
 
