@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -19,7 +17,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import pytest
+from tests.system_tools import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
@@ -32,15 +30,6 @@ GRAFANA_VARIABLES = {"$__rate_interval": "20s", "$__interval": "5s", "$__range":
 """What Grafana's built-in variables become when a test runs a dashboard's query."""
 
 
-def require_tool(name: str) -> str:
-    """The tool's path; skipped where it is missing, except under CI, where that is a failure."""
-    path = shutil.which(name)
-    if path is None:
-        message = f"{name} not found: scripts/bootstrap.sh installs it (Debian package 'prometheus')"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
 
 
 def free_port() -> int:

@@ -10,8 +10,6 @@ path a service mounts exists, every name a scrape config or dependency uses is a
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ import yaml
 
 from gradientmail.mailbox import open_mailbox
 from gradientmail.settings import NodeSettings
+from tests.system_tools import require_tool
 from tests.deploy_tools import (
     CHART,
     COMPOSE,
@@ -200,11 +199,7 @@ def test_prometheus_scrapes_the_learners_with_the_projects_rules():
 
 
 def test_promtool_accepts_the_prometheus_config(tmp_path):
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is missing in CI: scripts/bootstrap.sh installs Debian's prometheus")
-        pytest.skip("promtool not installed (Debian package prometheus)")
+    promtool = require_tool("promtool")
     result = subprocess.run([promtool, "check", "config", "--syntax-only", str(ROOT / "docker/prometheus.yml")],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from tests.deploy_tools import ROOT
+from tests.system_tools import tool_missing
 
 pytestmark = pytest.mark.slow
 
@@ -27,9 +28,7 @@ def _can_run() -> bool:
 @pytest.mark.timeout(1500)
 def test_podman_builds_the_cpu_image_and_compose_runs_three_learners(tmp_path):
     if not _can_run():
-        if os.environ.get("CI"):
-            pytest.fail("CI needs podman and its tools, or root with apt-get to install them")
-        pytest.skip("needs podman, runc, iptables, debootstrap and docker-compose (Debian), or root to install them")
+        tool_missing("needs podman, runc, iptables, debootstrap and docker-compose (Debian), or root with apt-get to install them")
     result = subprocess.run([str(ROOT / "scripts/podman-compose-check")], cwd=ROOT, capture_output=True, text=True,
                             env={**os.environ, "CHECK_DIR": str(tmp_path)}, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
