@@ -44,12 +44,25 @@ def main() -> None:
         try:
             s3 = server.server
             client = server.client()
-            mailbox = gm.S3Mailbox(s3.bucket, "bench", endpoint_url=s3.endpoint_url, region=s3.region,
-                                   access_key_id=s3.access_key, secret_access_key=s3.secret_key, addressing_style="path")
+            mailbox = gm.S3Mailbox(
+                s3.bucket,
+                "bench",
+                endpoint_url=s3.endpoint_url,
+                region=s3.region,
+                access_key_id=s3.access_key,
+                secret_access_key=s3.secret_key,
+                addressing_style="path",
+            )
             rows = [
-                ("boto3 put_object", best_of(args.repeat, lambda: client.put_object(Bucket=s3.bucket, Key="bench/plain", Body=payload))),
+                (
+                    "boto3 put_object",
+                    best_of(args.repeat, lambda: client.put_object(Bucket=s3.bucket, Key="bench/plain", Body=payload)),
+                ),
                 ("gm.S3Mailbox.put", best_of(args.repeat, lambda: mailbox.put("blob", payload))),
-                ("boto3 get_object", best_of(args.repeat, lambda: client.get_object(Bucket=s3.bucket, Key="bench/plain")["Body"].read())),
+                (
+                    "boto3 get_object",
+                    best_of(args.repeat, lambda: client.get_object(Bucket=s3.bucket, Key="bench/plain")["Body"].read()),
+                ),
                 ("gm.S3Mailbox.get", best_of(args.repeat, lambda: mailbox.get("blob"))),
             ]
             assert mailbox.get("blob") == payload

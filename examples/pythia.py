@@ -98,10 +98,20 @@ def train_step(model: GPTNeoXForCausalLM, optimizer: torch.optim.Optimizer, batc
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mailbox", default=os.environ.get("GRADIENTMAIL_MAILBOX"), help="s3://bucket/prefix or file:///path (default: $GRADIENTMAIL_MAILBOX)")
-    parser.add_argument("--learner-id", default=os.environ.get("GRADIENTMAIL_LEARNER_ID"), help="unique per learner (default: $GRADIENTMAIL_LEARNER_ID, else the host name)")
+    parser.add_argument(
+        "--mailbox",
+        default=os.environ.get("GRADIENTMAIL_MAILBOX"),
+        help="s3://bucket/prefix or file:///path (default: $GRADIENTMAIL_MAILBOX)",
+    )
+    parser.add_argument(
+        "--learner-id",
+        default=os.environ.get("GRADIENTMAIL_LEARNER_ID"),
+        help="unique per learner (default: $GRADIENTMAIL_LEARNER_ID, else the host name)",
+    )
     parser.add_argument("--steps", type=int, default=STEPS)
-    parser.add_argument("--context", type=int, default=CONTEXT, help=f"tokens per window, at most {MODEL.max_position_embeddings}")
+    parser.add_argument(
+        "--context", type=int, default=CONTEXT, help=f"tokens per window, at most {MODEL.max_position_embeddings}"
+    )
     parser.add_argument("--batch", type=int, default=BATCH)
     parser.add_argument("--lr", type=float, default=LR)
     parser.add_argument("--sync-every", type=int, default=SYNC_EVERY)
@@ -131,7 +141,9 @@ def main() -> None:
         embeddings = [n for n, _ in model.named_parameters() if "embed" in n]
         print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters; embeddings {embeddings}")
         started = time.perf_counter()
-        for step, batch in enumerate(batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), args.device), 1):
+        for step, batch in enumerate(
+            batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), args.device), 1
+        ):
             loss = train_step(model, optimizer, batch)
             session.step(samples=tokens_in_batch)
             if step % args.log_every == 0 or step == args.steps:

@@ -55,8 +55,10 @@ def close_round(fragment: int, contributions: dict[str, tuple[dict[str, np.ndarr
     for n in names:
         expected = sum(w * params[n] for (params, _, _), w in zip(contributions.values(), weights)) / total
         who = ", ".join(f"{learner} w={w:,.0f}" for learner, w in zip(contributions, weights))
-        print(f"fragment {fragment} v{versions[fragment]:<3} {n:<14} commit {np.round(new[n].ravel()[:3], 4)}"
-              f"  expected {np.round(expected.ravel()[:3], 4)}  max|diff| {np.abs(new[n] - expected).max():.1e}  ({who})")
+        print(
+            f"fragment {fragment} v{versions[fragment]:<3} {n:<14} commit {np.round(new[n].ravel()[:3], 4)}"
+            f"  expected {np.round(expected.ravel()[:3], 4)}  max|diff| {np.abs(new[n] - expected).max():.1e}  ({who})"
+        )
 
 
 for tick in range(ticks):

@@ -3,6 +3,8 @@
 ``import gradientmail as gm``; the names below are the public API (a test keeps them so).
 """
 
+from gradientmail import telemetry
+from gradientmail._version import __version__
 from gradientmail.algorithms import (
     DiLoCo,
     FragmentPlan,
@@ -13,14 +15,12 @@ from gradientmail.algorithms import (
     plan_fragments,
 )
 from gradientmail.backends import Backend, backend_for, get_backend
-from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
-from gradientmail.session import Session, SessionOptions
-from gradientmail import telemetry
 from gradientmail.errors import (
+    BackendUnavailable,
     ContributionRejected,
     CorruptPayload,
-    IncompatiblePayload,
     GradientMailError,
+    IncompatiblePayload,
     InvalidConfig,
     InvalidKey,
     InvalidRecord,
@@ -30,15 +30,17 @@ from gradientmail.errors import (
     MailboxUnavailable,
     RecordExists,
     RunConfigMismatch,
-    StaleBase,
     VersionConflict,
 )
-
-__version__ = "0.1.0"
+from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
+from gradientmail.session import Session, SessionOptions
+from gradientmail.settings import NodeSettings, session_from_env
 
 __all__ = [
     "Session",
     "SessionOptions",
+    "NodeSettings",
+    "session_from_env",
     "telemetry",
     "Mailbox",
     "MemoryMailbox",
@@ -68,7 +70,7 @@ __all__ = [
     "MailboxMisconfigured",
     "CorruptPayload",
     "InvalidRecord",
-    "StaleBase",
+    "BackendUnavailable",
     "ContributionRejected",
     "IncompatiblePayload",
     "__version__",

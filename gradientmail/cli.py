@@ -1,33 +1,37 @@
 """``gradientmail`` command line: look at a run, export its model, check a round replays.
 
-    gradientmail status <mailbox-url> [--rounds N]
-    gradientmail export <mailbox-url> <file.safetensors>
-    gradientmail replay <mailbox-url> --fragment F [--version V]
-    gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py)
-    gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
+gradientmail status <mailbox-url> [--rounds N]
+gradientmail export <mailbox-url> <file.safetensors>
+gradientmail replay <mailbox-url> --fragment F [--version V]
+gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py)
+gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
-from gradientmail.backends import get_backend
+from gradientmail.backends import get_backend, payload
 from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
-from gradientmail.store import RunStore, read_lease
-from gradientmail.syncer.rounds import RunSpec, load_version, replay_round
+from gradientmail.store import RunSpec, RunStore
+from gradientmail.syncer import replay_round
 
 
-def _store(url: str) -> tuple[RunStore, RunSpec]:
-    store = RunStore(open_mailbox(url), get_backend("numpy"))
-    manifest = store.read_manifest()
-    if manifest is None:
-        raise GradientMailError(f"no run at {url}: manifest.json is missing")
-    return store, RunSpec.from_manifest(manifest)
+@contextlib.contextmanager
+def _open_run(url: str) -> Iterator[tuple[RunStore, RunSpec]]:
+    """The run at ``url`` and its view; the mailbox opened here is closed on the way out."""
+    mailbox = open_mailbox(url)
+    try:
+        store = RunStore(mailbox)
+        yield store, store.read_spec()
+    finally:
+        mailbox.close()
 
 
 def _age(lease: Lease) -> str:
@@ -40,15 +44,21 @@ def _age(lease: Lease) -> str:
 
 
 def status(url: str, rounds: int) -> None:
-    store, spec = _store(url)
+    with _open_run(url) as (store, spec):
+        _print_status(store, spec, rounds)
+
+
+def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
     manifest = spec.manifest
     algorithm = spec.algorithm
     total = sum(1 for _ in manifest.parameters)
     print(f"run {manifest.run_id}  created by {manifest.created_by} at {manifest.created_at}")
-    print(f"algorithm: sync_every={algorithm.sync_every} fragments={algorithm.fragments} merge={algorithm.merge.to_manifest()} "
-          f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} quorum_size={algorithm.quorum_size}")
+    print(
+        f"algorithm: sync_every={algorithm.sync_every} fragments={algorithm.fragments} merge={algorithm.merge.to_manifest()} "
+        f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} quorum_size={algorithm.quorum_size}"
+    )
     print(f"model: {total} parameter tensors")
-    found = read_lease(store.mailbox, keys.SYNCER_LEASE)
+    found = store.read_lease(keys.SYNCER_LEASE)
     if found is None:
         print("syncer: no holder yet")
     else:
@@ -56,8 +66,8 @@ def status(url: str, rounds: int) -> None:
         state = "released" if lease.released else f"renewed {_age(lease)}"
         print(f"syncer: {lease.holder} (term {lease.term}, {state}, ttl {lease.ttl_s:g}s)")
     print("learners:")
-    for key in store.mailbox.list(keys.LEARNER_LEASES):
-        found = read_lease(store.mailbox, key)
+    for key in store.learner_lease_keys():
+        found = store.read_lease(key)
         if found is None:
             continue
         lease = found[0]
@@ -74,37 +84,42 @@ def status(url: str, rounds: int) -> None:
             record = store.read_round(fragment, version)
             who = ", ".join(f"{p.learner} w={p.weight:,.0f} ({p.steps} steps)" for p in record.participants)
             rejected = ", ".join(f"{r.learner}:{r.reason}" for r in record.rejected) or "-"
-            print(f"  v{version:<6} by {record.committed_by} term {record.term}  [{who}]  rejected: {rejected}"
-                  f"  grace {record.timing.grace_s:.2f}s")
+            print(
+                f"  v{version:<6} by {record.committed_by} term {record.term}  [{who}]  rejected: {rejected}"
+                f"  grace {record.timing.grace_s:.2f}s"
+            )
 
 
 def export(url: str, path: str) -> None:
-    store, spec = _store(url)
-    tensors = {}
-    versions = {}
-    for fragment in range(len(spec.fragments)):
-        version = store.newest_version(fragment)
-        if version is None:
-            raise GradientMailError(f"fragment {fragment} has no committed version")
-        _, params, _ = load_version(store, spec, fragment, version)
-        tensors.update(params)
-        versions[str(fragment)] = str(version)
+    with _open_run(url) as (store, spec):
+        tensors = {}
+        versions = {}
+        for fragment in range(len(spec.fragments)):
+            version = store.newest_version(fragment)
+            if version is None:
+                raise GradientMailError(f"fragment {fragment} has no committed version")
+            tensors.update(store.load_version(spec, fragment, version).params)
+            versions[str(fragment)] = str(version)
     ordered = {p.name: tensors[p.name] for p in spec.manifest.parameters}
-    data = store.backend.encode(ordered, {"run_id": spec.manifest.run_id, **{f"fragment_{k}_version": v for k, v in versions.items()}})
+    data = payload.encode(ordered, {"run_id": spec.manifest.run_id, **{f"fragment_{k}_version": v for k, v in versions.items()}})
     with open(path, "wb") as handle:
         handle.write(data)
     print(f"wrote {len(ordered)} tensors ({len(data):,} bytes) from versions {versions} to {path}")
 
 
 def replay(url: str, fragment: int, version: int | None) -> int:
-    store, spec = _store(url)
-    version = version if version is not None else store.newest_version(fragment)
-    if not version:
-        raise GradientMailError(f"fragment {fragment} has no round to replay")
-    record = store.read_round(fragment, version)
-    replayed = store.backend.encode(replay_round(store, spec, fragment, version))
-    same = replayed == store.mailbox.get(record.params.key)
-    print(f"fragment {fragment} version {version}: replay {'matches the committed bytes' if same else 'DIFFERS from the committed bytes'}")
+    with _open_run(url) as (store, spec):
+        version = version if version is not None else store.newest_version(fragment)
+        if not version:
+            raise GradientMailError(f"fragment {fragment} has no round to replay")
+        record = store.read_round(fragment, version)
+        backend = get_backend("numpy")
+        replayed = payload.encode(
+            {n: backend.to_numpy(t) for n, t in replay_round(store, backend, spec, fragment, version).items()}
+        )
+        same = replayed == store.read_blob(record.params)
+    verdict = "matches the committed bytes" if same else "DIFFERS from the committed bytes"
+    print(f"fragment {fragment} version {version}: replay {verdict}")
     return 0 if same else 1
 
 

@@ -20,14 +20,15 @@ __all__ = [
     "MailboxMisconfigured",
     "CorruptPayload",
     "InvalidRecord",
-    "StaleBase",
     "ContributionRejected",
     "IncompatiblePayload",
+    "BackendUnavailable",
 ]
 
 
 class GradientMailError(Exception):
-    """Root of every error GradientMail raises."""
+    """Root of every error GradientMail raises. ``retryable`` says whether the same call may
+    succeed later without anything being changed; it is False unless a subclass says so."""
 
     retryable: bool = False
 
@@ -49,11 +50,12 @@ class RunConfigMismatch(GradientMailError):
 
 
 class MailboxError(GradientMailError):
-    """Base of the errors a mailbox raises."""
+    """Base of the errors a mailbox raises. Retryable only where the subclass says so."""
 
 
 class InvalidKey(MailboxError, ValueError):
-    """A key is malformed or escapes the run's prefix; nothing was read or written."""
+    """A key or id is malformed or could escape the run's prefix; nothing was read or written.
+    Not retryable: fix the key (or the learner id it was built from)."""
 
 
 class KeyNotFound(MailboxError, KeyError):
@@ -64,11 +66,13 @@ class KeyNotFound(MailboxError, KeyError):
 
 
 class RecordExists(MailboxError):
-    """A create-once write found the key already taken by another writer: the race is lost."""
+    """A create-once write found the key already taken by another writer: the race is lost.
+    Not retryable: the key is taken for good (create-once objects are never replaced)."""
 
 
 class VersionConflict(MailboxError):
-    """A compare-and-swap found a different version token: someone else wrote first."""
+    """A compare-and-swap found a different version token: someone else wrote first.
+    Not retryable with the same token: read the object again and decide anew."""
 
 
 class MailboxUnavailable(MailboxError):
@@ -78,7 +82,8 @@ class MailboxUnavailable(MailboxError):
 
 
 class MailboxMisconfigured(MailboxError):
-    """The store refuses us for a reason the user must fix (bucket, credentials, features)."""
+    """The store refuses us for a reason the user must fix (bucket, credentials, features).
+    Not retryable."""
 
 
 class CorruptPayload(GradientMailError):
@@ -89,15 +94,11 @@ class InvalidRecord(GradientMailError, ValueError):
     """A JSON record is malformed or has an unknown schema version. Not retryable."""
 
 
-class StaleBase(GradientMailError):
-    """A contribution was based on a fragment version that is no longer current."""
-
-
 class ContributionRejected(GradientMailError, ValueError):
     """A contribution cannot enter a merge; ``reason`` is the code the round record lists.
 
-    Reasons: ``stale``, ``zero_steps``, ``incompatible``, ``non_finite``, ``corrupt``,
-    ``duplicate``, ``invalid_counts``. Not retryable with the same contribution.
+    Reasons are ``gradientmail.records.REJECTION_REASONS`` (the one list). Not retryable with
+    the same contribution.
     """
 
     def __init__(self, reason: str, message: str) -> None:
@@ -107,3 +108,8 @@ class ContributionRejected(GradientMailError, ValueError):
 
 class IncompatiblePayload(GradientMailError, ValueError):
     """A payload's tensor names, shapes or dtypes differ from the run's. Not retryable."""
+
+
+class BackendUnavailable(GradientMailError, ImportError):
+    """The named backend's framework (PyTorch, MLX) is not installed. Not retryable: install
+    the extra the message names."""

@@ -12,9 +12,10 @@ images' health check), then runs one of:
 * ``GRADIENTMAIL_ENTRYPOINT=package.module`` (run as ``__main__``) or
   ``package.module:function`` (called without arguments) — a training script from an
   installed package;
-* neither — the library's training script: the demo GPT on Shakespeare
-  (:mod:`gradientmail.demo.worker`) for ``GRADIENTMAIL_STEPS`` steps, on the backend named by
-  ``GRADIENTMAIL_BACKEND`` (``torch`` by default, ``mlx``), with the run settings given.
+* neither — the default job, :data:`DEFAULT_JOB` (``demo.worker:node_main``): the demo GPT on
+  Shakespeare for ``GRADIENTMAIL_STEPS`` steps, on the backend named by ``GRADIENTMAIL_BACKEND``
+  (``torch`` by default, ``mlx``), with the run settings given. The demo is the repository's
+  ``demo/`` folder, not part of this package: the images copy it and put it on ``PYTHONPATH``.
 
 Health (``gradientmail health``, the images' ``HEALTHCHECK``): the node's own Prometheus
 endpoint answers ``GET /metrics`` with 200 within a few seconds. It is served by a thread of
@@ -33,52 +34,32 @@ import logging
 import runpy
 import signal
 import sys
-import zlib
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 from gradientmail.errors import GradientMailError, InvalidConfig
-from gradientmail.session.session import default_learner_id
+from gradientmail.records import default_learner_id
 from gradientmail.settings import NodeSettings
 
-__all__ = ["check_health", "health_main", "library_worker_config", "main", "run_node"]
+__all__ = ["DEFAULT_JOB", "check_health", "health_main", "main", "run_node"]
 
 log = logging.getLogger("gradientmail.node")
 
+DEFAULT_JOB = "demo.worker:node_main"
+"""The entry point run when neither ``GRADIENTMAIL_SCRIPT`` nor ``GRADIENTMAIL_ENTRYPOINT`` is set.
+
+Named by its import string, not imported: the library does not depend on its demo, which
+lives outside the package (the repository's ``demo/``; in the images, on ``PYTHONPATH``)."""
+_DEFAULT_JOB_MISSING = (
+    "; it is the repository's demo/ folder: put the folder holding it on PYTHONPATH (the images do),"
+    " or set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT"
+)
+
 _SIGTERM_EXIT = 128 + signal.SIGTERM
+
 
 def _stop_on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(_SIGTERM_EXIT)
-
-
-def library_worker_config(settings: NodeSettings) -> Any:
-    """The demo worker's ``WorkerConfig`` for these settings.
-
-    The batch stream's seed comes from the learner id, so every node of a run sees different
-    data and a restarted node the same as before.
-
-    Every algorithm and session setting is passed on whole.
-
-    Raises:
-        InvalidConfig: invalid settings, or the ``numpy`` backend (the script trains a torch or
-            MLX model).
-    """
-    from gradientmail.demo import settings as demo
-    from gradientmail.demo.worker import WorkerConfig
-
-    if settings.backend == "numpy":
-        raise InvalidConfig("backend", "the library's training script trains with 'torch' or 'mlx', not 'numpy'")
-    learner_id = settings.learner_id or default_learner_id()
-    return WorkerConfig(
-        mailbox=settings.mailbox,
-        learner_id=learner_id,
-        steps=demo.STEPS if settings.steps is None else settings.steps,
-        seed=zlib.crc32(learner_id.encode()) % 2**31,
-        framework=settings.backend or "torch",
-        algorithm=settings.algorithm(),
-        options=settings.session_options(),
-    )
 
 
 def _run_script(path_text: str) -> None:
@@ -99,7 +80,9 @@ def _run_entrypoint(entrypoint: str) -> object:
             return None
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as exc:
-        raise InvalidConfig("entrypoint", f"cannot load {entrypoint!r}: {exc}") from None
+        missing_demo = entrypoint == DEFAULT_JOB and isinstance(exc, ImportError) and exc.name == "demo"
+        hint = _DEFAULT_JOB_MISSING if missing_demo else ""
+        raise InvalidConfig("entrypoint", f"cannot load {entrypoint!r}: {exc}{hint}") from None
     return function()
 
 
@@ -118,18 +101,12 @@ def run_node(settings: NodeSettings) -> int:
         if settings.script:
             log.info("running the training script %s", settings.script)
             _run_script(settings.script)
-        elif settings.entrypoint:
-            log.info("running the entry point %s", settings.entrypoint)
-            result = _run_entrypoint(settings.entrypoint)
+        else:
+            entrypoint = settings.entrypoint or DEFAULT_JOB
+            log.info("running the entry point %s", entrypoint)
+            result = _run_entrypoint(entrypoint)
             if isinstance(result, int) and not isinstance(result, bool):
                 return result
-        else:
-            from gradientmail.demo import worker
-
-            config = library_worker_config(settings)
-            log.info("running the library's training script: %s, %d steps, learner %s", config.framework, config.steps,
-                     config.learner_id)
-            worker.run(config)
     finally:
         if telemetry is not None:
             telemetry.shutdown()

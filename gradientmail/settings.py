@@ -8,21 +8,26 @@ defaults live in one place. Invalid values raise ``InvalidConfig`` naming the fi
 from __future__ import annotations
 
 from dataclasses import fields
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.merge import Rda, WeightedMean
 from gradientmail.mailbox import Mailbox, open_mailbox
-from gradientmail.session import SessionOptions
-from gradientmail.telemetry import Telemetry, otlp_requested
+from gradientmail.records import default_learner_id
+from gradientmail.session import Session, SessionOptions
+from gradientmail.telemetry import Telemetry, active, otlp_requested
 from gradientmail.telemetry import configure as configure_telemetry
 
+__all__ = ["NodeSettings", "session_from_env"]
+
 _ALGORITHM = DiLoCo.model_fields
-_SESSION = {f.name: f.default for f in fields(SessionOptions)}
+_SESSION = SessionOptions()
+_SESSION_FIELDS = tuple(f.name for f in fields(SessionOptions))
 
 
 class NodeSettings(BaseSettings):
@@ -58,21 +63,23 @@ class NodeSettings(BaseSettings):
     metrics_address: str = "0.0.0.0"
     """Address the Prometheus endpoint binds to."""
 
-    lease_ttl_s: float = _SESSION["lease_ttl_s"]
-    poll_interval_s: float = _SESSION["poll_interval_s"]
-    run_syncer: bool = _SESSION["run_syncer"]
-    commit_timeout_s: float = _SESSION["commit_timeout_s"]
+    lease_ttl_s: float = _SESSION.lease_ttl_s
+    poll_interval_s: float = _SESSION.poll_interval_s
+    run_syncer: bool = _SESSION.run_syncer
+    commit_timeout_s: float = _SESSION.commit_timeout_s
 
     # What ``gradientmail node`` (the container images' command) runs; see gradientmail/node.py.
     script: str | None = None
-    """Path of the user's training script (a Python file that calls ``gm.Session.from_env(model)``),
-    run as ``__main__``. Default: the library's training script, the demo GPT on Shakespeare."""
+    """Path of the user's training script (a Python file that calls ``gm.session_from_env(model)``),
+    run as ``__main__``. With neither this nor ``entrypoint``, the node runs its default job,
+    ``gradientmail.node.DEFAULT_JOB`` (the demo GPT on Shakespeare, the repository's ``demo/``)."""
     entrypoint: str | None = None
     """Instead of ``script``: ``package.module`` (run as ``__main__``) or ``package.module:function``
-    (called without arguments) from an installed package."""
+    (called without arguments) from an importable package. Unset (and no ``script``):
+    ``gradientmail.node.DEFAULT_JOB``, ``demo.worker:node_main``."""
     steps: int | None = Field(default=None, ge=0)
-    """Local steps to train. The library's training script uses it (default: the demo's); a user's
-    script may read it from ``NodeSettings.from_env().steps``."""
+    """Local steps to train. The default job (``demo.worker``) uses it (default: the demo's); a
+    user's script may read it from ``NodeSettings.from_env().steps``."""
 
     @classmethod
     def from_env(cls, **overrides: object) -> NodeSettings:
@@ -88,14 +95,42 @@ class NodeSettings(BaseSettings):
         return DiLoCo(merge=merge, **knobs)
 
     def session_options(self) -> SessionOptions:
-        return SessionOptions(**{name: getattr(self, name) for name in _SESSION if hasattr(self, name)})
+        return SessionOptions(**{name: getattr(self, name) for name in _SESSION_FIELDS if hasattr(self, name)})
 
     def open_mailbox(self) -> Mailbox:
         return open_mailbox(self.mailbox)
+
+    def session(self, model: Any) -> Session:
+        """A session for ``model`` configured by these settings; it opens the mailbox and closes
+        it when it closes. Telemetry is turned on as configured unless the process already has it."""
+        if active() is None:
+            self.telemetry()
+        return Session(
+            model,
+            algorithm=self.algorithm(),
+            mailbox=self.mailbox,
+            learner_id=self.learner_id,
+            backend=self.backend,
+            options=self.session_options(),
+        )
 
     def telemetry(self) -> Telemetry | None:
         """Turn telemetry on as configured: the Prometheus endpoint when ``metrics_port`` is set,
         OTLP when ``OTEL_EXPORTER_OTLP_*`` ask for it. None (and nothing started) when neither."""
         if self.metrics_port is None and not (otlp_requested("metrics") or otlp_requested("traces")):
             return None
-        return configure_telemetry(node=self.learner_id, prometheus_port=self.metrics_port, prometheus_address=self.metrics_address)
+        return configure_telemetry(
+            node=self.learner_id or default_learner_id(),
+            version=__version__,
+            prometheus_port=self.metrics_port,
+            prometheus_address=self.metrics_address,
+        )
+
+
+def session_from_env(model: Any, **overrides: Any) -> Session:
+    """A session configured only by ``GRADIENTMAIL_*`` variables: what a training script run by
+    ``gradientmail node`` calls. ``overrides`` replace individual settings (``learner_id="gpu-3"``).
+
+    Raises ``InvalidConfig`` naming the variable's field when a setting is invalid.
+    """
+    return NodeSettings.from_env(**overrides).session(model)

@@ -47,8 +47,11 @@ def load_compose() -> dict[str, Any]:
 
 def learner_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services that run a learner image (built from one of docker/*.Dockerfile)."""
-    return {name: service for name, service in compose["services"].items()
-            if str(service.get("build", {}).get("dockerfile", "")).startswith("docker/")}
+    return {
+        name: service
+        for name, service in compose["services"].items()
+        if str(service.get("build", {}).get("dockerfile", "")).startswith("docker/")
+    }
 
 
 def learner_environment(service: dict[str, Any]) -> dict[str, str]:

@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 import gradientmail as gm
+from gradientmail.mailbox import open_mailbox
 from gradientmail.session import Session, SessionOptions
+from gradientmail.store import RunStore
 
 SHAPES = {"embed.weight": (8, 4), "layer.weight": (4, 4), "layer.bias": (4,)}
 
@@ -79,8 +81,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.metrics_port is not None:
         gm.telemetry.configure(node=args.learner_id, prometheus_port=args.metrics_port, prometheus_address="127.0.0.1")
 
-    settings = dict(sync_every=args.sync_every, fragments=args.fragments, quorum_size=args.quorum,
-                    overlap_steps=args.overlap_steps, flush_on_close=args.flush)
+    settings = dict(
+        sync_every=args.sync_every,
+        fragments=args.fragments,
+        quorum_size=args.quorum,
+        overlap_steps=args.overlap_steps,
+        flush_on_close=args.flush,
+    )
     if args.merge == "local_sgd":
         algorithm = gm.DiLoCo.local_sgd(**settings)
     else:
@@ -91,9 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(args.seed + 1000)
     target = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
     options = SessionOptions(lease_ttl_s=args.ttl, poll_interval_s=args.poll)
+    # the test's own road to the mailbox: to count the learners' leases and for the end barrier
+    harness = open_mailbox(args.mailbox)
     with Session(model, algorithm=algorithm, mailbox=args.mailbox, learner_id=args.learner_id, options=options) as session:
         deadline = time.monotonic() + 60
-        while len(session.mailbox.list("leases/learners/")) < args.wait_for and time.monotonic() < deadline:
+        while len(RunStore(harness).learner_lease_keys()) < args.wait_for and time.monotonic() < deadline:
             time.sleep(0.02)
         joined = dict(session.versions)
         print(json.dumps({"event": "joined", "learner": args.learner_id, "versions": joined}), flush=True)
@@ -104,16 +113,26 @@ def main(argv: list[str] | None = None) -> None:
             backend.write_parameters(model, {n: backend.from_numpy(v) for n, v in updated.items()})
             session.step(samples=args.batch)
             if step % 10 == 0:
-                print(json.dumps({"event": "step", "learner": args.learner_id, "step": step, "versions": dict(session.versions)}), flush=True)
+                print(
+                    json.dumps({"event": "step", "learner": args.learner_id, "step": step, "versions": dict(session.versions)}),
+                    flush=True,
+                )
             time.sleep(args.step_sleep)
         if args.end_together:
             session.wait_published()
-            session.mailbox.put(f"test-barrier/{args.learner_id}", b"done")
-            while len(session.mailbox.list("test-barrier/")) < args.end_together and time.monotonic() < deadline + 120:
+            harness.put(f"test-barrier/{args.learner_id}", b"done")
+            while len(harness.list("test-barrier/")) < args.end_together and time.monotonic() < deadline + 120:
                 time.sleep(0.02)
+    harness.close()
     final = {n: backend.to_numpy(backend.to_fp32(t)).tolist() for n, t in backend.named_parameters(model)}
-    result = {"event": "done", "learner": args.learner_id, "versions": dict(session.versions), "stats": session.stats.__dict__,
-              "params": final, "joined": joined}
+    result = {
+        "event": "done",
+        "learner": args.learner_id,
+        "versions": dict(session.versions),
+        "stats": session.stats.__dict__,
+        "params": final,
+        "joined": joined,
+    }
     print(json.dumps({k: v for k, v in result.items() if k != "params"}), flush=True)
     if args.out:
         with open(args.out, "w") as handle:

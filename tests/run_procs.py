@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gradientmail.mailbox import Mailbox
 from gradientmail.records import Lease, RoundRecord, keys
+from gradientmail.store import RunStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,8 +43,9 @@ def start_learner(url: str, name: str, workdir: Path, *args: str, env: dict[str,
     out, log = workdir / f"{name}.json", workdir / f"{name}.log"
     command = [sys.executable, "-m", "tests.learner_proc", "--mailbox", url, "--learner-id", name, "--out", str(out), *args]
     handle = log.open("w")
-    process = subprocess.Popen(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, **(env or {})})
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})}
+    )
     return Learner(name, process, out, log)
 
 
@@ -58,18 +60,17 @@ def wait_until(condition: Callable[[], object], timeout: float, what: str, every
 
 
 def rounds(mailbox: Mailbox, fragment: int) -> list[RoundRecord]:
-    return [RoundRecord.from_json(mailbox.get(k)) for k in mailbox.list(keys.rounds_prefix(fragment))]
+    store = RunStore(mailbox)
+    return [store.read_round(fragment, version) for version in store.committed_versions(fragment)]
 
 
 def syncer_lease(mailbox: Mailbox) -> Lease | None:
-    try:
-        return Lease.from_json(mailbox.get(keys.SYNCER_LEASE))
-    except Exception:
-        return None
+    found = RunStore(mailbox).read_lease(keys.SYNCER_LEASE)
+    return found[0] if found is not None else None
 
 
 def check_history(mailbox: Mailbox, fragments: int) -> list[list[RoundRecord]]:
-    """Every fragment's versions are 0..N, each committed once, each built on the one before."""
+    """INV-1: every fragment's versions are 0..N, each committed once, each built on the one before."""
     history = []
     for fragment in range(fragments):
         records = rounds(mailbox, fragment)

@@ -30,8 +30,6 @@ GRAFANA_VARIABLES = {"$__rate_interval": "20s", "$__interval": "5s", "$__range":
 """What Grafana's built-in variables become when a test runs a dashboard's query."""
 
 
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -133,16 +131,26 @@ class Prometheus:
         binary = require_tool("prometheus")
         port = free_port()
         config = workdir / "prometheus.yml"
-        config.write_text(json.dumps({  # JSON is YAML
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
-            "rule_files": [str(p) for p in rule_files],
-            "scrape_configs": [{"job_name": "gradientmail", "static_configs": [{"targets": targets}]}],
-        }))
+        config.write_text(
+            json.dumps(
+                {  # JSON is YAML
+                    "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "900ms"},
+                    "rule_files": [str(p) for p in rule_files],
+                    "scrape_configs": [{"job_name": "gradientmail", "static_configs": [{"targets": targets}]}],
+                }
+            )
+        )
         log = workdir / "prometheus.log"
         process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--storage.tsdb.retention.time=1h"],
-            stdout=log.open("wb"), stderr=subprocess.STDOUT,
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={workdir / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=1h",
+            ],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
         )
         server = cls(process, f"http://127.0.0.1:{port}", log)
         deadline = time.monotonic() + 30
@@ -199,12 +207,20 @@ class OtlpReceiver:
 
         receiver = self
         kinds = {
-            "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, metrics_service_pb2.ExportMetricsServiceResponse, receiver.metrics),
-            "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, trace_service_pb2.ExportTraceServiceResponse, receiver.spans),
+            "/v1/metrics": (
+                metrics_service_pb2.ExportMetricsServiceRequest,
+                metrics_service_pb2.ExportMetricsServiceResponse,
+                receiver.metrics,
+            ),
+            "/v1/traces": (
+                trace_service_pb2.ExportTraceServiceRequest,
+                trace_service_pb2.ExportTraceServiceResponse,
+                receiver.spans,
+            ),
         }
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the http.server API)
+            def do_POST(self) -> None:
                 kind = kinds.get(self.path)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 if kind is None or self.headers.get("Content-Type") != "application/x-protobuf":

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import mlx.core as mx
+import mlx.nn as mnn
 import numpy as np
 import pytest
 import torch
-import mlx.core as mx
-import mlx.nn as mnn
 
 import gradientmail as gm
 from gradientmail.backends import backend_for, get_backend
@@ -35,7 +35,9 @@ def test_payload_round_trip_every_dtype(name, dtype):
         return
     original = backend.from_numpy(sample(dtype))
     assert backend.dtype_name(original) == dtype
-    decoded, metadata = backend.decode(backend.encode({"w": original, "scalar": backend.from_numpy(sample(dtype)[0, :1])}, {"fragment": "3"}))
+    decoded, metadata = backend.decode(
+        backend.encode({"w": original, "scalar": backend.from_numpy(sample(dtype)[0, :1])}, {"fragment": "3"})
+    )
     assert metadata == {"fragment": "3"}
     assert backend.dtype_name(decoded["w"]) == dtype
     assert backend.shape(decoded["w"]) == (2, 3)
@@ -61,11 +63,13 @@ def test_torch_payload_is_standard_safetensors():
 
 @pytest.mark.parametrize("garbage", [b"", b"\x00" * 7, b"\xff" * 64, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}....."])
 def test_corrupt_payload_raises_corrupt_payload(garbage):
+    """INV-7: a corrupt payload is refused as CorruptPayload."""
     with pytest.raises(gm.CorruptPayload):
         get_backend("numpy").decode(garbage)
 
 
 def test_truncated_payload_is_corrupt():
+    """INV-7: a truncated payload is refused as CorruptPayload."""
     data = get_backend("numpy").encode({"w": np.ones(100, dtype=np.float32)})
     with pytest.raises(gm.CorruptPayload):
         get_backend("numpy").decode(data[:-10])
@@ -88,7 +92,12 @@ def test_mlx_model_read_write():
     model = mnn.Sequential(mnn.Linear(3, 4), mnn.Linear(4, 2))
     backend = backend_for(model)
     assert backend.name == "mlx"
-    assert [n for n, _ in backend.named_parameters(model)] == ["layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias"]
+    assert [n for n, _ in backend.named_parameters(model)] == [
+        "layers.0.weight",
+        "layers.0.bias",
+        "layers.1.weight",
+        "layers.1.bias",
+    ]
     backend.write_parameters(model, {"layers.1.bias": mx.array([2.0, 3.0])})
     assert model.layers[1].bias.tolist() == [2.0, 3.0]
     assert backend.read_parameters(model, ["layers.1.bias"])["layers.1.bias"].tolist() == [2.0, 3.0]
@@ -114,7 +123,8 @@ def test_all_finite(name):
 
 
 def test_unknown_objects_and_names():
-    with pytest.raises(TypeError, match="backend"):
+    with pytest.raises(gm.InvalidConfig, match="no backend recognises") as caught:
         backend_for(object())
-    with pytest.raises(ValueError, match="unknown backend"):
+    assert caught.value.field == "backend"
+    with pytest.raises(gm.InvalidConfig, match="unknown backend"):
         get_backend("jax")

@@ -19,8 +19,26 @@ from tests.run_procs import ROOT, start_learner
 def finished_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("cli")
     url = f"file://{workdir / 'box'}"
-    learners = [start_learner(url, f"n{i}", workdir, "--seed", str(i), "--steps", "40", "--wait-for", "2", "--end-together", "2",
-                              "--ttl", "1.0", "--poll", "0.05") for i in range(2)]
+    learners = [
+        start_learner(
+            url,
+            f"n{i}",
+            workdir,
+            "--seed",
+            str(i),
+            "--steps",
+            "40",
+            "--wait-for",
+            "2",
+            "--end-together",
+            "2",
+            "--ttl",
+            "1.0",
+            "--poll",
+            "0.05",
+        )
+        for i in range(2)
+    ]
     for learner in learners:
         learner.wait()
     return url, workdir, learners
@@ -37,10 +55,16 @@ def test_status_shows_fragments_rounds_learners_and_syncer(finished_run, capsys)
 
 
 def test_export_writes_the_newest_committed_model(finished_run, tmp_path):
+    """INV-3: the newest model is rebuilt from the mailbox alone and equals the learners' final weights."""
     url, _, learners = finished_run
     target = tmp_path / "model.safetensors"
-    result = subprocess.run([sys.executable, "-m", "gradientmail.cli", "export", url, str(target)], cwd=ROOT,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "gradientmail.cli", "export", url, str(target)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert "wrote 3 tensors" in result.stdout
     exported = load_file(str(target))
     final = learners[0].result()["params"]
@@ -49,6 +73,7 @@ def test_export_writes_the_newest_committed_model(finished_run, tmp_path):
 
 
 def test_replay_matches_the_committed_bytes(finished_run, capsys):
+    """INV-4: `gradientmail replay` reproduces a committed round's bytes."""
     url, _, _ = finished_run
     assert main(["replay", url, "--fragment", "1"]) == 0
     assert "matches the committed bytes" in capsys.readouterr().out
@@ -92,7 +117,7 @@ def test_a_session_configured_only_by_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("GRADIENTMAIL_MERGE", "weighted_mean")
     monkeypatch.setenv("GRADIENTMAIL_POLL_INTERVAL_S", "0.02")
     model = {"w": np.zeros(3, np.float32)}
-    with gm.Session.from_env(model) as session:
+    with gm.session_from_env(model) as session:
         assert session.learner_id == "env-node"
         assert session.algorithm == gm.DiLoCo(sync_every=3, merge=gm.WeightedMean())
         for _ in range(3):

@@ -19,6 +19,7 @@ def test_defaults_match_the_guide():
 
 
 def test_manifest_round_trip():
+    """INV-8: the algorithm configuration round-trips through its manifest form."""
     config = gm.DiLoCo(sync_every=24, fragments=8, merge=gm.WeightedMean(), delta_dtype="bfloat16", overlap_steps=2)
     form = config.to_manifest()
     assert form["merge"] == {"kind": "weighted_mean"}
@@ -72,6 +73,7 @@ def test_standard_diloco_and_local_sgd_are_configurations():
 
 
 def test_run_config_leaves_out_learner_local_knobs():
+    """INV-8: run fields are compared, learner-local knobs are not."""
     assert gm.DiLoCo(overlap_steps=0).run_config() == gm.DiLoCo().run_config()
     assert gm.DiLoCo(merge=gm.WeightedMean()).run_config() != gm.DiLoCo().run_config()
 
@@ -126,7 +128,14 @@ def test_outer_state_tensors_round_trip():
 
 def test_staircase_schedule():
     assert [exchange_steps(p, 8, 100, 200) for p in range(8)] == [
-        [12, 112], [25, 125], [37, 137], [50, 150], [62, 162], [75, 175], [87, 187], [100, 200]
+        [12, 112],
+        [25, 125],
+        [37, 137],
+        [50, 150],
+        [62, 162],
+        [75, 175],
+        [87, 187],
+        [100, 200],
     ]
     assert exchange_steps(0, 1, 100, 300) == [100, 200, 300]
     assert due_fragments(100, 8, 100) == [7] and due_fragments(13, 8, 100) == []
@@ -158,10 +167,33 @@ def test_more_fragments_than_parameters_names_the_field():
 
 def test_public_api_is_as_documented():
     documented = {
-        "DiLoCo", "Rda", "WeightedMean", "NesterovOuter", "OuterState", "FragmentPlan", "plan_fragments",
-        "Backend", "backend_for", "get_backend", "GradientMailError", "InvalidConfig", "RunConfigMismatch",
-        "MailboxError", "InvalidKey", "KeyNotFound", "RecordExists", "VersionConflict", "MailboxUnavailable",
-        "MailboxMisconfigured", "CorruptPayload", "InvalidRecord", "StaleBase", "ContributionRejected", "__version__",
+        "DiLoCo",
+        "Rda",
+        "WeightedMean",
+        "NesterovOuter",
+        "OuterState",
+        "FragmentPlan",
+        "plan_fragments",
+        "Backend",
+        "backend_for",
+        "get_backend",
+        "GradientMailError",
+        "InvalidConfig",
+        "RunConfigMismatch",
+        "MailboxError",
+        "InvalidKey",
+        "KeyNotFound",
+        "RecordExists",
+        "VersionConflict",
+        "MailboxUnavailable",
+        "MailboxMisconfigured",
+        "CorruptPayload",
+        "InvalidRecord",
+        "BackendUnavailable",
+        "NodeSettings",
+        "session_from_env",
+        "ContributionRejected",
+        "__version__",
     }
     assert documented <= set(gm.__all__)
     for name in gm.__all__:
@@ -170,3 +202,20 @@ def test_public_api_is_as_documented():
         obj = getattr(gm, name)
         if isinstance(obj, type) and issubclass(obj, Exception):
             assert issubclass(obj, gm.GradientMailError), name
+
+
+def test_every_error_says_whether_it_is_retryable():
+    from gradientmail import errors
+
+    for name in errors.__all__:
+        error = getattr(errors, name)
+        assert "retryable" in (error.__doc__ or "").lower(), f"{name}'s docstring does not say whether it is retryable"
+    assert errors.MailboxUnavailable.retryable and not errors.RecordExists.retryable
+
+
+def test_backend_errors_stay_in_the_error_tree():
+    with pytest.raises(gm.InvalidConfig) as caught:
+        gm.Session({"w": np.zeros(2, np.float32)}, mailbox=gm.MemoryMailbox(), learner_id="a", backend="jax")
+    assert caught.value.field == "backend"
+    with pytest.raises(gm.InvalidConfig, match="no backend recognises"):
+        gm.Session(object(), mailbox=gm.MemoryMailbox(), learner_id="a")

@@ -48,7 +48,7 @@ def test_panel_ids_are_unique_and_panels_are_laid_out():
         assert len(set(ids)) == len(ids), f"{name}: duplicate panel ids"
         for panel in panels:
             grid = panel["gridPos"]
-            assert 0 <= grid["x"] and grid["x"] + grid["w"] <= 24 and grid["h"] > 0, f"{name}: {panel['title']}"
+            assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24 and grid["h"] > 0, f"{name}: {panel['title']}"
             if panel["type"] != "row":
                 assert panel["targets"] and panel.get("description"), f"{name}: {panel['title']}"
                 assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])

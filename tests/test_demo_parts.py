@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gradientmail.demo import data
-from gradientmail.demo.display import format_round
-from gradientmail.demo.events import parse
-from gradientmail.demo.model import GPTConfig
+from demo import data
+from demo.display import format_round
+from demo.events import parse
+from demo.model_config import GPTConfig
 
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root: ``python -m demo…`` runs from there, as ``./scripts/train`` does."""
 
 SMALL = GPTConfig(context=32, layers=2, width=64, heads=4)
 
@@ -53,8 +56,8 @@ def test_torch_and_mlx_twins_share_signature_and_loss():
     import torch
     from mlx.utils import tree_flatten
 
-    from gradientmail.demo import model as torch_gpt
-    from gradientmail.demo import model_mlx as mlx_gpt
+    from demo import model as torch_gpt
+    from demo import model_mlx as mlx_gpt
 
     torch_model, mlx_model = torch_gpt.GPT(SMALL, seed=3), mlx_gpt.GPT(SMALL, seed=4)
     torch_params = {n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in torch_model.named_parameters()}
@@ -73,8 +76,8 @@ def test_torch_and_mlx_twins_share_signature_and_loss():
 
 def test_same_init_seed_gives_the_same_weights_in_both_frameworks():
     pytest.importorskip("mlx.core")
-    from gradientmail.demo import model as torch_gpt
-    from gradientmail.demo import model_mlx as mlx_gpt
+    from demo import model as torch_gpt
+    from demo import model_mlx as mlx_gpt
 
     torch_values, mlx_values = torch_gpt.GPT(SMALL, seed=7).to_numpy(), mlx_gpt.GPT(SMALL, seed=7).to_numpy()
     assert all(np.array_equal(torch_values[name], mlx_values[name]) for name in torch_values)
@@ -83,7 +86,7 @@ def test_same_init_seed_gives_the_same_weights_in_both_frameworks():
 def test_a_few_hundred_steps_lower_the_loss():
     import torch
 
-    from gradientmail.demo.trainer import build_trainer, run_steps
+    from demo.trainer import build_trainer, run_steps
 
     torch.set_num_threads(1)
     corpus = data.load_corpus()
@@ -100,8 +103,12 @@ def test_a_few_hundred_steps_lower_the_loss():
 
 def test_baseline_runs_in_quick_mode():
     result = subprocess.run(
-        [sys.executable, "-m", "gradientmail.demo.baseline", "--quick", "--batch-size", "8", "--eval-windows", "32"],
-        capture_output=True, text=True, timeout=120, check=True,
+        [sys.executable, "-m", "demo.baseline", "--quick", "--batch-size", "8", "--eval-windows", "32"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
     )
     lines = [parse(line) for line in result.stdout.splitlines()]
     assert all(lines), result.stdout
@@ -121,17 +128,24 @@ def test_round_lines_show_weights_and_rejections():
     from gradientmail.records import RoundRecord
 
     digest = "0" * 64
-    record = RoundRecord.model_validate({
-        "fragment": 2, "version": 5, "base_version": 4, "merge": {"kind": "rda"}, "outer_lr": 0.7, "outer_momentum": 0.9,
-        "participants": [
-            {"learner": "a", "contribution": "k1", "steps": 10, "samples": 100, "weight": 1000.0},
-            {"learner": "b", "contribution": "k2", "steps": 10, "samples": 100, "weight": 3000.0},
-        ],
-        "rejected": [{"learner": "c", "contribution": "k3", "reason": "stale"}],
-        "params": {"key": "p", "sha256": digest, "size_bytes": 1},
-        "outer_state": {"key": "o", "sha256": digest, "size_bytes": 1},
-        "committed_by": "a",
-    })
+    record = RoundRecord.model_validate(
+        {
+            "fragment": 2,
+            "version": 5,
+            "base_version": 4,
+            "merge": {"kind": "rda"},
+            "outer_lr": 0.7,
+            "outer_momentum": 0.9,
+            "participants": [
+                {"learner": "a", "contribution": "k1", "steps": 10, "samples": 100, "weight": 1000.0},
+                {"learner": "b", "contribution": "k2", "steps": 10, "samples": 100, "weight": 3000.0},
+            ],
+            "rejected": [{"learner": "c", "contribution": "k3", "reason": "stale"}],
+            "params": {"key": "p", "sha256": digest, "size_bytes": 1},
+            "outer_state": {"key": "o", "sha256": digest, "size_bytes": 1},
+            "committed_by": "a",
+        }
+    )
     line = format_round(record)
     assert "f2 v5" in line and "from v4" in line
     assert "a w=0.25" in line and "b w=0.75" in line and "c (stale)" in line
@@ -140,7 +154,7 @@ def test_round_lines_show_weights_and_rejections():
 def test_live_display_redraws_status_lines_below_round_lines():
     import io
 
-    from gradientmail.demo.display import Display, ProcessState
+    from demo.display import Display, ProcessState
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -160,7 +174,7 @@ def test_live_display_redraws_status_lines_below_round_lines():
 
 
 def test_cores_are_shared_so_the_baseline_keeps_pace():
-    from gradientmail.demo.launcher import share_cores
+    from demo.launcher import share_cores
 
     assert share_cores(2, 3) == (5, 1)  # 3 learners at nice 5 weigh about as much as the baseline
     assert share_cores(2, 1) == (0, 1)

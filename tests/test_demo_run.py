@@ -1,10 +1,14 @@
-"""The main job end to end: ``python -m gradientmail.demo --quick`` as ``./scripts/train`` runs it."""
+"""The main job end to end: ``python -m demo --quick`` as ``./scripts/train`` runs it."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository root, where ``./scripts/train`` runs ``python -m demo``."""
 
 _ROUND = re.compile(r"^round  f(\d+) v(\d+) +from v(\d+)  (.*)$", re.MULTILINE)
 
@@ -17,8 +21,11 @@ def _loss(output: str, label: str) -> float:
 
 def test_quick_demo_commits_rounds_and_learns(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "gradientmail.demo", "--quick", "--runs-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "demo", "--quick", "--runs-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     output = result.stdout

@@ -20,7 +20,6 @@ import yaml
 
 from gradientmail.mailbox import open_mailbox
 from gradientmail.settings import NodeSettings
-from tests.system_tools import require_tool
 from tests.deploy_tools import (
     CHART,
     COMPOSE,
@@ -38,17 +37,22 @@ from tests.deploy_tools import (
     read_env_file,
     tool,
 )
+from tests.system_tools import require_tool
 
 # -- images ---------------------------------------------------------------------------------
 
 
-ALL_DOCKERFILES = {**{name: path for name, path in DOCKERFILES.items()}, "seaweedfs-check": ROOT / "docker/check/seaweedfs.Dockerfile"}
+ALL_DOCKERFILES = {
+    **{name: path for name, path in DOCKERFILES.items()},
+    "seaweedfs-check": ROOT / "docker/check/seaweedfs.Dockerfile",
+}
 
 
 @pytest.mark.parametrize("image", sorted(ALL_DOCKERFILES))
 def test_hadolint_passes_the_dockerfile_at_warning_threshold(image):
-    result = subprocess.run([tool("hadolint"), "--failure-threshold", "warning", str(ALL_DOCKERFILES[image])],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("hadolint"), "--failure-threshold", "warning", str(ALL_DOCKERFILES[image])], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -65,13 +69,15 @@ def test_the_image_is_multi_stage_non_root_and_runs_the_node(image):
     froms = [args for op, args in instructions if op == "FROM"]
     assert len(froms) == 2 and all(args.startswith("${BASE_IMAGE}") for args in froms), froms
     assert instructions[0] == ("ARG", instructions[0][1]) and instructions[0][1].startswith("BASE_IMAGE=")
-    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM"):]
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
     ops = dict(final)
     assert ops["USER"].split(":")[0] not in ("0", "root") and int(ops["USER"].split(":")[0]) >= 1000
     assert json.loads(ops["ENTRYPOINT"]) == ["gradientmail"] and json.loads(ops["CMD"]) == ["node"]
     assert ops["HEALTHCHECK"].endswith('CMD ["gradientmail", "health"]')
     assert "COPY --from=build /opt/gradientmail /opt/gradientmail" in [f"{op} {args}" for op, args in final]
-    assert not [args for op, args in final if op == "RUN" and ("pip" in args or "apt-get" in args)], "no installs in the runtime stage"
+    assert not [args for op, args in final if op == "RUN" and ("pip" in args or "apt-get" in args)], (
+        "no installs in the runtime stage"
+    )
     env = dockerfile_env(DOCKERFILES[image])
     assert {name for name in env if name.startswith("GRADIENTMAIL_")} <= SETTINGS_FIELDS_ENV
     assert env["GRADIENTMAIL_METRICS_PORT"] == "9464"
@@ -95,22 +101,24 @@ def test_the_build_context_holds_only_what_the_images_copy():
 
 
 def _settings_from(env: dict[str, str]) -> NodeSettings:
-    names = {k[len("GRADIENTMAIL_"):].lower(): v for k, v in env.items() if k.startswith("GRADIENTMAIL_")}
+    names = {k[len("GRADIENTMAIL_") :].lower(): v for k, v in env.items() if k.startswith("GRADIENTMAIL_")}
     return NodeSettings(**names)
 
 
 @pytest.mark.parametrize("compose_file", [COMPOSE, ROOT / "docker/check/compose.seaweedfs.yaml"], ids=lambda path: path.name)
 def test_compose_validates_against_the_compose_spec(compose_file):
-    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(compose_file)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(compose_file)], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_compose_spec_check_refuses_a_broken_file(tmp_path):
     broken = tmp_path / "compose.yaml"
     broken.write_text(COMPOSE.read_text().replace("    hostname: learner-1", "    hostnam: learner-1"))
-    result = subprocess.run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken)],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(broken)], capture_output=True, text=True
+    )
     assert result.returncode != 0 and "hostnam" in result.stdout
 
 
@@ -157,7 +165,7 @@ def test_the_bucket_init_creates_the_bucket_the_learners_use():
     mailbox = learner_environment(compose["services"]["learner-1"])["GRADIENTMAIL_MAILBOX"]
     bucket = mailbox.split("://", 1)[1].split("/", 1)[0]
     assert f"local/{bucket}" in " ".join(compose["services"]["bucket-init"]["command"])
-    assert "service_completed_successfully" == compose["services"]["learner-1"]["depends_on"]["bucket-init"]["condition"]
+    assert compose["services"]["learner-1"]["depends_on"]["bucket-init"]["condition"] == "service_completed_successfully"
 
 
 def _mounts(service: dict[str, Any]) -> dict[str, Path]:
@@ -173,7 +181,7 @@ def _mounts(service: dict[str, Any]) -> dict[str, Path]:
 def _resolve(mounts: dict[str, Path], container_path: str) -> Path:
     for target, source in sorted(mounts.items(), key=lambda item: -len(item[0])):
         if container_path == target or container_path.startswith(target + "/"):
-            return source / container_path[len(target):].lstrip("/")
+            return source / container_path[len(target) :].lstrip("/")
     raise AssertionError(f"{container_path} is not mounted from the repository")
 
 
@@ -200,8 +208,9 @@ def test_prometheus_scrapes_the_learners_with_the_projects_rules():
 
 def test_promtool_accepts_the_prometheus_config(tmp_path):
     promtool = require_tool("promtool")
-    result = subprocess.run([promtool, "check", "config", "--syntax-only", str(ROOT / "docker/prometheus.yml")],
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [promtool, "check", "config", "--syntax-only", str(ROOT / "docker/prometheus.yml")], capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -250,8 +259,7 @@ def _render(values: dict[str, Any]) -> dict[str, str]:
 
 
 def _documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    return [doc for name, text in rendered.items() if not name.endswith("NOTES.txt")
-            for doc in yaml.safe_load_all(text) if doc]
+    return [doc for name, text in rendered.items() if not name.endswith("NOTES.txt") for doc in yaml.safe_load_all(text) if doc]
 
 
 def _learner_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
@@ -353,29 +361,41 @@ def test_the_default_learner_is_cpu_and_uses_the_pods_role():
     container = _learner_container(_documents(_render({})))
     assert container["image"] == "gradientmail-learner:cpu"
     assert not [e for e in container["env"] if e["name"].startswith("AWS_")]
-    assert all(probe["httpGet"] == {"path": "/metrics", "port": "metrics"}
-               for probe in (container["startupProbe"], container["readinessProbe"], container["livenessProbe"]))
+    assert all(
+        probe["httpGet"] == {"path": "/metrics", "port": "metrics"}
+        for probe in (container["startupProbe"], container["readinessProbe"], container["livenessProbe"])
+    )
 
 
 def test_external_s3_credentials_come_from_the_existing_secret():
     container = _learner_container(_documents(_render(VALUE_SETS["external-s3"])))
     refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"] if e["name"].startswith("AWS_")}
-    assert refs == {"AWS_ACCESS_KEY_ID": {"name": "r2-mailbox", "key": "access-key-id"},
-                    "AWS_SECRET_ACCESS_KEY": {"name": "r2-mailbox", "key": "secret-access-key"}}
+    assert refs == {
+        "AWS_ACCESS_KEY_ID": {"name": "r2-mailbox", "key": "access-key-id"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "r2-mailbox", "key": "secret-access-key"},
+    }
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["GRADIENTMAIL_MAILBOX"] == ("s3://gradientmail-runs/teams/lm/run-7?endpoint=https://0123456789abcdef.r2"
-                                           ".cloudflarestorage.com&addressing=path&region=auto")
+    assert env["GRADIENTMAIL_MAILBOX"] == (
+        "s3://gradientmail-runs/teams/lm/run-7?endpoint=https://0123456789abcdef.r2"
+        ".cloudflarestorage.com&addressing=path&region=auto"
+    )
 
 
 def test_in_chart_minio_is_the_mailbox():
     documents = _documents(_render(VALUE_SETS["in-chart-minio"]))
     container = _learner_container(documents)
     env = {e["name"]: e for e in container["env"]}
-    assert env["GRADIENTMAIL_MAILBOX"]["value"].startswith("s3://gradientmail/runs/onprem?endpoint=http://gm-gradientmail-minio:9000")
+    assert env["GRADIENTMAIL_MAILBOX"]["value"].startswith(
+        "s3://gradientmail/runs/onprem?endpoint=http://gm-gradientmail-minio:9000"
+    )
     assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio", "key": "rootPassword"}
     names = {(d["kind"], d["metadata"]["name"]) for d in documents}
-    assert {("StatefulSet", "gm-gradientmail-minio"), ("Service", "gm-gradientmail-minio"), ("Secret", "gm-gradientmail-minio"),
-            ("NetworkPolicy", "gm-gradientmail-minio")} <= names
+    assert {
+        ("StatefulSet", "gm-gradientmail-minio"),
+        ("Service", "gm-gradientmail-minio"),
+        ("Secret", "gm-gradientmail-minio"),
+        ("NetworkPolicy", "gm-gradientmail-minio"),
+    } <= names
     (job,) = [d for d in documents if d["kind"] == "Job"]
     assert "mailbox/gradientmail" in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
 
@@ -390,21 +410,24 @@ def test_the_dashboards_and_rules_are_the_projects_files():
     assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({"mailbox": {"accessKeyId": "AKIAEXAMPLE"}}, "at '/mailbox': additional properties 'accessKeyId' not allowed"),
-    ({"mailbox": {"prefix": "/runs//x"}}, "at '/mailbox/prefix'"),
-    ({"mailbox": {"bucket": "My_Bucket"}}, "at '/mailbox/bucket'"),
-    ({"mailbox": {"endpoint": "http://user:pw@s3.local:9000"}}, "at '/mailbox/endpoint'"),
-    ({"minio": {"enabled": True}, "mailbox": {"existingSecret": "aws"}}, "at '/mailbox/existingSecret': value must be ''"),
-    ({"settings": {"sync_evry": 10}}, "at '/settings': additional properties 'sync_evry' not allowed"),
-    ({"settings": {"merge": "median"}}, "at '/settings/merge': value must be one of 'rda', 'weighted_mean'"),
-    ({"settings": {"fragments": 0}}, "at '/settings/fragments': minimum: got 0, want 1"),
-    ({"gpu": {"count": -1}}, "at '/gpu/count': minimum: got -1, want 0"),
-    ({"learners": {"replicas": "three"}}, "at '/learners/replicas': got string, want integer"),
-    ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
-    ({"securityContext": {"privileged": True}}, "at '/securityContext/privileged'"),
-    ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"mailbox": {"accessKeyId": "AKIAEXAMPLE"}}, "at '/mailbox': additional properties 'accessKeyId' not allowed"),
+        ({"mailbox": {"prefix": "/runs//x"}}, "at '/mailbox/prefix'"),
+        ({"mailbox": {"bucket": "My_Bucket"}}, "at '/mailbox/bucket'"),
+        ({"mailbox": {"endpoint": "http://user:pw@s3.local:9000"}}, "at '/mailbox/endpoint'"),
+        ({"minio": {"enabled": True}, "mailbox": {"existingSecret": "aws"}}, "at '/mailbox/existingSecret': value must be ''"),
+        ({"settings": {"sync_evry": 10}}, "at '/settings': additional properties 'sync_evry' not allowed"),
+        ({"settings": {"merge": "median"}}, "at '/settings/merge': value must be one of 'rda', 'weighted_mean'"),
+        ({"settings": {"fragments": 0}}, "at '/settings/fragments': minimum: got 0, want 1"),
+        ({"gpu": {"count": -1}}, "at '/gpu/count': minimum: got -1, want 0"),
+        ({"learners": {"replicas": "three"}}, "at '/learners/replicas': got string, want integer"),
+        ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
+        ({"securityContext": {"privileged": True}}, "at '/securityContext/privileged'"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+    ],
+)
 def test_invalid_values_are_refused_by_the_schema_with_a_clear_message(values, message):
     with pytest.raises(helm_python.HelmValuesError) as refused:
         _render(values)

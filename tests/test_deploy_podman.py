@@ -28,9 +28,17 @@ def _can_run() -> bool:
 @pytest.mark.timeout(1500)
 def test_podman_builds_the_cpu_image_and_compose_runs_three_learners(tmp_path):
     if not _can_run():
-        tool_missing("needs podman, runc, iptables, debootstrap and docker-compose (Debian), or root with apt-get to install them")
-    result = subprocess.run([str(ROOT / "scripts/podman-compose-check")], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "CHECK_DIR": str(tmp_path)}, timeout=1500)
+        tool_missing(
+            "needs podman, runc, iptables, debootstrap and docker-compose (Debian), or root with apt-get to install them"
+        )
+    result = subprocess.run(
+        [str(ROOT / "scripts/podman-compose-check")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CHECK_DIR": str(tmp_path)},
+        timeout=1500,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "participants: learner-1 learner-2 learner-3" in result.stdout + result.stderr
     assert "podman-compose-check: passed" in result.stderr

@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_synthetic_commits_equal_the_weighted_average():
-    result = subprocess.run([sys.executable, str(ROOT / "examples" / "synthetic.py")], capture_output=True, text=True, timeout=120, check=True)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "synthetic.py")], capture_output=True, text=True, timeout=120, check=True
+    )
     diffs = [float(d) for d in re.findall(r"max\|diff\| ([0-9.e+-]+)", result.stdout)]
     assert len(diffs) >= 10
     assert max(diffs) < 1e-6

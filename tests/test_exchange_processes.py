@@ -25,6 +25,7 @@ def mailbox_url(request, tmp_path):
 
 
 def test_three_learners_commit_every_version_once(mailbox_url, tmp_path):
+    """INV-1, INV-2: on every store each version is committed once and lists each participant with its exact weight."""
     url, env = mailbox_url
     args = ["--steps", "100", "--step-sleep", "0.02", "--wait-for", "3", "--end-together", "3", *FAST]
     learners = [start_learner(url, f"n{i}", tmp_path, "--seed", str(i), *args, env=env) for i in range(3)]
@@ -48,6 +49,7 @@ def test_three_learners_commit_every_version_once(mailbox_url, tmp_path):
 
 
 def test_kill_9_of_the_syncer_holder(tmp_path):
+    """INV-1, INV-3, INV-6: after kill -9 of the holder another node takes over within the TTL and carries on from the mailbox."""
     url = f"file://{tmp_path / 'box'}"
     box = FileMailbox(tmp_path / "box")
     args = ["--steps", "250", "--step-sleep", "0.02", "--wait-for", "3", "--end-together", "2", *FAST]
@@ -57,8 +59,11 @@ def test_kill_9_of_the_syncer_holder(tmp_path):
     assert before is not None
     learners[before.holder].kill()
     killed_at_version = len(rounds(box, 0)) - 1
-    after = wait_until(lambda: (lease := syncer_lease(box)) and lease.holder != before.holder and lease, 3 * (1.0 + 0.05) + 5,
-                       "another node to take over the syncer lease")
+    after = wait_until(
+        lambda: (lease := syncer_lease(box)) and lease.holder != before.holder and lease,
+        3 * (1.0 + 0.05) + 5,
+        "another node to take over the syncer lease",
+    )
     assert after.term > before.term
     survivors = [l for name, l in learners.items() if name != before.holder]
     for learner in survivors:
@@ -73,6 +78,7 @@ def test_kill_9_of_the_syncer_holder(tmp_path):
 
 
 def test_kill_9_of_a_learner_then_a_late_joiner(tmp_path):
+    """INV-1, INV-3, INV-6: a dead learner stops counting once its lease expires; a late joiner starts from the commits."""
     url = f"file://{tmp_path / 'box'}"
     box = FileMailbox(tmp_path / "box")
     args = ["--steps", "300", "--step-sleep", "0.02", "--quorum", "3", *FAST]
@@ -82,8 +88,13 @@ def test_kill_9_of_a_learner_then_a_late_joiner(tmp_path):
     learners[victim].kill()
     dead_at = len(rounds(box, 0)) - 1
     # once its lease expires, rounds close with the two survivors
-    wait_until(lambda: any(r.version > dead_at + 1 and {p.learner for p in r.participants} == set(learners) - {victim}
-                           for r in rounds(box, 0)), 30, "rounds without the dead learner")
+    wait_until(
+        lambda: any(
+            r.version > dead_at + 1 and {p.learner for p in r.participants} == set(learners) - {victim} for r in rounds(box, 0)
+        ),
+        30,
+        "rounds without the dead learner",
+    )
     late = start_learner(url, "n9", tmp_path, "--seed", "9", "--steps", "120", "--step-sleep", "0.02", "--quorum", "3", *FAST)
     late.wait()
     joined = late.result()["joined"]
@@ -96,6 +107,7 @@ def test_kill_9_of_a_learner_then_a_late_joiner(tmp_path):
 
 
 def test_a_pytorch_learner_and_an_mlx_learner_train_one_run(tmp_path):
+    """INV-1: a mixed PyTorch/MLX run commits every version once (check_history)."""
     url = f"file://{tmp_path / 'box'}"
     common = ["--steps", "60", "--quorum", "2", "--wait-for", "2", *FAST]
     learners = [

@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 import gradientmail as gm
 from gradientmail.algorithms.diloco import weight
-from gradientmail.backends import get_backend
-from gradientmail.records import Contribution, PayloadRef, keys
+from gradientmail.backends import get_backend, payload
+from gradientmail.records import Contribution, keys
 from gradientmail.session.join import join_run
-from gradientmail.store import LeaseObserver, RunStore, sha256_hex
-from gradientmail.syncer import Election, GraceEstimator, RunSpec, SyncerRuntime, replay_round
-from gradientmail.syncer.rounds import load_version
+from gradientmail.store import ContributionCounts, LeaseObserver, RunStore
+from gradientmail.syncer import Election, GraceEstimator, SyncerRuntime, replay_round
 from tests.fake_clock import FakeClock
 
 NUMPY = get_backend("numpy")
 
 
 def test_election_takeover_is_judged_on_the_observers_clock():
+    """INV-6: a dead syncer is replaced once its lease stood still for a TTL on the observer's own clock."""
     box = gm.MemoryMailbox()
     clock_a, clock_b = FakeClock(), FakeClock()
     clock_b.now = 1e6  # wall clocks of different machines need not agree
-    a = Election(box, "node-a", ttl_s=3.0, clock=clock_a)
-    b = Election(box, "node-b", ttl_s=3.0, clock=clock_b)
+    a = Election(RunStore(box), "node-a", ttl_s=3.0, clock=clock_a)
+    b = Election(RunStore(box), "node-b", ttl_s=3.0, clock=clock_b)
     assert a.poll() and a.term == 1
     assert not b.poll() and b.holder == "node-a"
     for _ in range(5):  # a renews every ttl/3: b never sees the lease stand still for a TTL
@@ -43,13 +42,14 @@ def test_election_takeover_is_judged_on_the_observers_clock():
 
 def test_resign_hands_over_without_waiting():
     box = gm.MemoryMailbox()
-    a, b = Election(box, "a", ttl_s=100.0), Election(box, "b", ttl_s=100.0)
+    a, b = Election(RunStore(box), "a", ttl_s=100.0), Election(RunStore(box), "b", ttl_s=100.0)
     assert a.poll()
     a.resign()
     assert b.poll() and b.term == 2
 
 
 def test_lease_observer_needs_a_full_ttl_of_its_own_time():
+    """INV-6: a lease expires only after a full TTL unchanged on the observer's monotonic clock; a renewal restarts the count."""
     clock = FakeClock()
     observer = LeaseObserver(clock)
     lease = gm.records.Lease(kind="learner", holder="x", ttl_s=5.0)
@@ -86,30 +86,43 @@ def numpy_model(value: float = 0.0) -> dict[str, np.ndarray]:
 @pytest.fixture
 def run(tmp_path):
     box = gm.FileMailbox(tmp_path / "box")
-    store = RunStore(box, NUMPY)
+    store = RunStore(box)
     algorithm = gm.DiLoCo.local_sgd(sync_every=10)
-    manifest, created = join_run(store, numpy_model(1.0), algorithm, "creator")
+    spec, created = join_run(store, NUMPY, numpy_model(1.0), algorithm, "creator")
     assert created
-    spec = RunSpec.from_manifest(manifest)
-    syncer = SyncerRuntime(store, spec, "syncer-node")
-    return box, store, spec, syncer
+    return box, store, spec, syncer_on(store, spec, "syncer-node")
 
 
-def contribute(store: RunStore, learner: str, base: int, params: dict[str, np.ndarray], steps: int, samples: int,
-               sequence: int = 1, anchor: dict[str, np.ndarray] | None = None, fragment: int = 0) -> str:
-    anchor = anchor if anchor is not None else load_version(store, RunSpec.from_manifest(store.read_manifest()), fragment, base)[1]
+def syncer_on(store: RunStore, spec, node: str) -> SyncerRuntime:
+    return SyncerRuntime(store, NUMPY, spec, node, lease_ttl_s=10.0, poll_interval_s=0.2)
+
+
+def committed_params(store: RunStore, version: int, fragment: int = 0) -> dict[str, np.ndarray]:
+    return store.load_version(store.read_spec(), fragment, version).params
+
+
+def contribute(
+    store: RunStore,
+    learner: str,
+    base: int,
+    params: dict[str, np.ndarray],
+    steps: int,
+    samples: int,
+    sequence: int = 1,
+    anchor: dict[str, np.ndarray] | None = None,
+    fragment: int = 0,
+) -> keys.ContributionKey:
+    """Publish what a learner at ``params`` that started from ``anchor`` (default: version ``base``) would."""
+    anchor = anchor if anchor is not None else committed_params(store, base, fragment)
     delta = {n: (anchor[n].astype(np.float32) - params[n].astype(np.float32)) for n in params}
-    data = NUMPY.encode(delta)
-    blob = keys.contribution_blob(fragment, base, learner, sequence)
-    store.mailbox.put(blob, data)
-    record = Contribution(learner=learner, fragment=fragment, anchor_version=base, steps=steps, samples=samples,
-                          payload=PayloadRef(key=blob, sha256=sha256_hex(data), size_bytes=len(data)), dtype="float32")
-    key = keys.contribution_record(fragment, base, learner, sequence)
-    store.mailbox.create(key, record.to_json())
+    key, _ = store.publish_contribution(
+        learner, fragment, base, delta, ContributionCounts(steps, samples), first_sequence=sequence
+    )
     return key
 
 
 def test_local_sgd_commit_is_the_weighted_average_and_replays_to_the_same_bytes(run):
+    """INV-2, INV-4: the round lists every participant with its weight, and replaying it gives the committed bytes."""
     box, store, spec, syncer = run
     rng = np.random.default_rng(0)
     learners = {f"l{i}": {n: rng.standard_normal(v.shape).astype(np.float32) for n, v in numpy_model().items()} for i in range(3)}
@@ -124,28 +137,36 @@ def test_local_sgd_commit_is_the_weighted_average_and_replays_to_the_same_bytes(
     for name in committed:
         expected = sum(w * learners[l][name].astype(np.float64) for l, w in zip(learners, weights)) / sum(weights)
         np.testing.assert_allclose(committed[name], expected, rtol=1e-6, atol=1e-6)
-    replayed = replay_round(store, spec, 0, 1)
-    assert NUMPY.encode(replayed) == box.get(record.params.key)
+    replayed = replay_round(store, NUMPY, spec, 0, 1)
+    assert payload.encode(replayed) == box.get(record.params.key)
 
 
 def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(run):
+    """INV-2, INV-7: stale, duplicate, zero-step, non-finite, corrupt, mis-shaped and malformed snapshots
+    are listed with their reasons and never merged."""
     box, store, spec, syncer = run
     good = {n: v + 0.5 for n, v in numpy_model(1.0).items()}
     contribute(store, "good", 0, good, 10, 80)
     syncer.run_once()
     assert store.newest_version(0) == 1
-    v1 = load_version(store, spec, 0, 1)[1]
+    v1 = committed_params(store, 1)
 
     contribute(store, "late", 0, good, 10, 80, anchor=numpy_model(1.0))  # against version 0: stale
     contribute(store, "lazy", 1, good, 0, 0, anchor=v1)  # zero steps
     contribute(store, "nan", 1, {n: np.full_like(v, np.nan) for n, v in good.items()}, 5, 40, anchor=v1)
-    corrupt_key = contribute(store, "flip", 1, good, 5, 40, anchor=v1)
-    blob = corrupt_key.removesuffix(".json") + ".safetensors"
-    data = bytearray(box.get(blob))
+    corrupt = contribute(store, "flip", 1, good, 5, 40, anchor=v1)
+    data = bytearray(box.get(corrupt.blob))
     data[-1] ^= 0xFF
-    box.put(blob, bytes(data))
-    contribute(store, "shape", 1, {"tok_embed.weight": np.zeros((4, 3), np.float32), "mlp.weight": np.zeros((3, 2), np.float32)},
-               5, 40, anchor={"tok_embed.weight": np.zeros((4, 3), np.float32), "mlp.weight": v1["mlp.weight"]})
+    box.put(corrupt.blob, bytes(data))
+    contribute(
+        store,
+        "shape",
+        1,
+        {"tok_embed.weight": np.zeros((4, 3), np.float32), "mlp.weight": np.zeros((3, 2), np.float32)},
+        5,
+        40,
+        anchor={"tok_embed.weight": np.zeros((4, 3), np.float32), "mlp.weight": v1["mlp.weight"]},
+    )
     contribute(store, "twice", 1, good, 5, 40, anchor=v1, sequence=1)
     contribute(store, "twice", 1, good, 6, 48, anchor=v1, sequence=2)
     box.create(keys.contribution_record(0, 1, "junk", 1), b"{this is not json")
@@ -155,24 +176,32 @@ def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(r
     record = store.read_round(0, 2)
     assert sorted(p.learner for p in record.participants) == ["ok", "twice"]
     reasons = {r.learner: r.reason for r in record.rejected}
-    assert reasons == {"late": "stale", "lazy": "zero_steps", "nan": "non_finite", "flip": "corrupt", "shape": "incompatible",
-                       "twice": "duplicate", "junk": "malformed"}
+    assert reasons == {
+        "late": "stale",
+        "lazy": "zero_steps",
+        "nan": "non_finite",
+        "flip": "corrupt",
+        "shape": "incompatible",
+        "twice": "duplicate",
+        "junk": "malformed",
+    }
     assert all(np.isfinite(v).all() for v in store.read_tensors(record.params).values())
     # the stale snapshot was listed once and then removed
     assert not box.exists(keys.contribution_record(0, 0, "late", 1))
-    contribute(store, "ok", 2, good, 5, 40, anchor=load_version(store, spec, 0, 2)[1])
+    contribute(store, "ok", 2, good, 5, 40, anchor=committed_params(store, 2))
     syncer.run_once()
     assert store.newest_version(0) == 3
 
 
 def test_a_syncer_that_loses_the_race_discards_its_work(run):
+    """INV-1: a syncer that loses the create-once race discards its blobs; one record per version."""
     box, store, spec, syncer = run
     contribute(store, "a", 0, numpy_model(2.0), 10, 80)
-    other = SyncerRuntime(store, spec, "other-node")
+    other = syncer_on(store, spec, "other-node")
     # both think they lead (as across a partition); only one record can be created
     other.election.poll()
-    other._advance(0)  # noqa: SLF001 - drive the round directly, bypassing the election
-    syncer._advance(0)  # noqa: SLF001
+    other._advance(0)
+    syncer._advance(0)
     assert store.committed_versions(0) == [0, 1]
     assert syncer.lost_races + other.lost_races <= 1
     versions = box.list(f"{keys.fragment_root(0)}versions/0000000001/")
@@ -181,6 +210,7 @@ def test_a_syncer_that_loses_the_race_discards_its_work(run):
 
 
 def test_second_node_with_a_different_merge_or_model_gets_run_config_mismatch(run):
+    """INV-8: a node whose run fields or model differ gets RunConfigMismatch; learner-local knobs may differ."""
     box, store, spec, syncer = run
     with pytest.raises(gm.RunConfigMismatch, match="merge") as caught:
         gm.Session(numpy_model(), algorithm=gm.DiLoCo(sync_every=10), mailbox=box, learner_id="other").open()
@@ -190,13 +220,19 @@ def test_second_node_with_a_different_merge_or_model_gets_run_config_mismatch(ru
     with pytest.raises(gm.RunConfigMismatch, match=r"mlp.weight: the run has shape \(3, 2\)"):
         gm.Session(wrong, algorithm=gm.DiLoCo.local_sgd(sync_every=10), mailbox=box, learner_id="other").open()
     # learner-local knobs may differ
-    session = gm.Session(numpy_model(), algorithm=gm.DiLoCo.local_sgd(sync_every=10, overlap_steps=0), mailbox=box,
-                         learner_id="other", options=gm.SessionOptions(run_syncer=False))
+    session = gm.Session(
+        numpy_model(),
+        algorithm=gm.DiLoCo.local_sgd(sync_every=10, overlap_steps=0),
+        mailbox=box,
+        learner_id="other",
+        options=gm.SessionOptions(run_syncer=False),
+    )
     session.open()
     session.close()
 
 
 def test_session_rejects_bad_settings():
+    """INV-7: a path-like learner id (and other bad settings) is refused before the session writes anything."""
     with pytest.raises(gm.InvalidConfig, match="learner_id"):
         gm.Session(numpy_model(), mailbox=gm.MemoryMailbox(), learner_id="../etc")
     with pytest.raises(gm.InvalidConfig, match="lease_ttl_s"):
@@ -207,24 +243,33 @@ def test_session_rejects_bad_settings():
 
 
 def test_joining_learner_loads_the_committed_weights(run):
+    """INV-3: a new learner joins from the mailbox alone and gets the committed weights."""
     box, store, spec, syncer = run
     contribute(store, "a", 0, numpy_model(3.0), 10, 80)
     syncer.run_once()
     committed = store.read_tensors(store.read_round(0, 1).params)
     joiner = numpy_model(-7.0)
-    with gm.Session(joiner, algorithm=gm.DiLoCo.local_sgd(sync_every=10), mailbox=box, learner_id="late",
-                    options=gm.SessionOptions(run_syncer=False)) as session:
+    with gm.Session(
+        joiner,
+        algorithm=gm.DiLoCo.local_sgd(sync_every=10),
+        mailbox=box,
+        learner_id="late",
+        options=gm.SessionOptions(run_syncer=False),
+    ) as session:
         assert session.versions == {0: 1}
         for name in committed:
             np.testing.assert_array_equal(joiner[name], committed[name])
 
 
 def test_in_process_learners_align_and_close_on_the_newest_version():
+    """INV-5: commits arrive in the background and step() aligns between steps; learners close on the newest version."""
     box = gm.MemoryMailbox()
     models = [numpy_model(0.0) for _ in range(2)]
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
     algorithm = gm.DiLoCo(sync_every=5, fragments=2, overlap_steps=0)
-    sessions = [gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)]
+    sessions = [
+        gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)
+    ]
     for s in sessions:
         s.open()
     for _ in range(20):
@@ -235,7 +280,7 @@ def test_in_process_learners_align_and_close_on_the_newest_version():
             session.step(samples=4)
     for s in sessions:
         s.close()
-    newest = [RunStore(box, NUMPY).newest_version(f) for f in range(2)]
+    newest = [RunStore(box).newest_version(f) for f in range(2)]
     assert all(v >= 3 for v in newest)
     for session in sessions:
         assert session.versions == dict(enumerate(newest))
@@ -247,8 +292,11 @@ def test_in_process_learners_align_and_close_on_the_newest_version():
 
 
 def published(box, learner: str) -> list[Contribution]:
-    return [Contribution.from_json(box.get(k)) for k in box.list("fragments/") if k.endswith(".json") and "/contributions/" in k
-            and keys.parse_contribution_record(k).learner == learner]
+    return [
+        Contribution.from_json(box.get(k))
+        for k in box.list("fragments/")
+        if k.endswith(".json") and "/contributions/" in k and keys.parse_contribution_record(k).learner == learner
+    ]
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
@@ -261,6 +309,7 @@ def wait_for(condition, timeout: float = 10.0) -> None:
 
 
 def test_overlap_steps_bounds_training_past_a_publish():
+    """INV-5: training runs on for overlap_steps past a publish and only then waits for the commit."""
     box = gm.MemoryMailbox()
     model = numpy_model(0.0)
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
@@ -274,7 +323,7 @@ def test_overlap_steps_bounds_training_past_a_publish():
         assert session.stats.blocked_s >= 0.0
         # the commit replaced the two steps trained while it was in flight
         np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), 5.0, np.float32))
-    record = RunStore(box, NUMPY).read_round(0, 1)
+    record = RunStore(box).read_round(0, 1)
     assert [(p.steps, p.samples) for p in record.participants] == [(5, 10)]
 
 
@@ -316,7 +365,7 @@ def test_flush_on_close_commits_final_contributions_without_momentum():
             for value in model.values():
                 value -= 0.5
             session.step(samples=4)
-    store = RunStore(box, NUMPY)
+    store = RunStore(box)
     record = store.read_round(0, 1)
     assert record.final and record.participants[0].steps == 3
     committed = store.read_tensors(record.params)
@@ -334,7 +383,7 @@ def test_without_flush_close_drops_steps_since_the_last_contribution():
             for value in model.values():
                 value -= 0.5
             session.step(samples=4)
-    assert RunStore(box, NUMPY).committed_versions(0) == [0]
+    assert RunStore(box).committed_versions(0) == [0]
     np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), 1.0, np.float32))
 
 
@@ -346,7 +395,7 @@ def test_a_learner_publishes_early_when_the_round_is_one_short_of_quorum():
     with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=options) as session:
         session.step(samples=3)
         assert published(box, "me") == []
-        store = RunStore(box, NUMPY)
+        store = RunStore(box)
         contribute(store, "other", 0, numpy_model(0.5), 7, 21)  # the round now lacks one snapshot
 
         def stepped_until_published() -> bool:
@@ -369,8 +418,8 @@ def test_a_scheduled_exchange_waits_for_half_a_period_of_training():
     with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=options) as session:
         for _ in range(6):
             session.step(samples=1)
-        contribute(RunStore(box, NUMPY), "other", 0, numpy_model(0.5), 4, 4)
-        wait_for(lambda: RunStore(box, NUMPY).newest_version(0) == 1)
+        contribute(RunStore(box), "other", 0, numpy_model(0.5), 4, 4)
+        wait_for(lambda: RunStore(box).newest_version(0) == 1)
         wait_for(lambda: (session.step(samples=1), session.versions[0] == 1)[1])  # aligned at step 7 or later
         aligned_at = session.stats.steps
         assert aligned_at < 10

@@ -16,14 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 RDA = {"kind": "rda", "direct_pattern": "embed"}
 WEIGHTED_MEAN = {"kind": "weighted_mean"}
 TIMEOUT_S = 120
-
-
 
 
 def _env() -> dict[str, str]:
@@ -71,7 +68,9 @@ LEARNER_OPTIONS = ("--steps", "12", "--batch", "2", "--sync-every", "4", "--frag
 
 def test_two_torch_learners_train_one_model_with_the_default_merge(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
-    outputs = _finish(_start("torch_learner.py", mailbox, "a", *LEARNER_OPTIONS), _start("torch_learner.py", mailbox, "b", *LEARNER_OPTIONS))
+    outputs = _finish(
+        _start("torch_learner.py", mailbox, "a", *LEARNER_OPTIONS), _start("torch_learner.py", mailbox, "b", *LEARNER_OPTIONS)
+    )
     manifest = _manifest(mailbox)
     assert manifest["algorithm"]["merge"] == RDA
     assert {"tok_embed.weight", "pos_embed.weight"} <= _parameters(manifest).keys()
@@ -83,7 +82,9 @@ def test_two_torch_learners_train_one_model_with_the_default_merge(tmp_path: Pat
 
 def test_an_mlx_learner_and_a_torch_learner_train_one_model(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
-    _finish(_start("torch_learner.py", mailbox, "torch", *LEARNER_OPTIONS), _start("mlx_learner.py", mailbox, "mlx", *LEARNER_OPTIONS))
+    _finish(
+        _start("torch_learner.py", mailbox, "torch", *LEARNER_OPTIONS), _start("mlx_learner.py", mailbox, "mlx", *LEARNER_OPTIONS)
+    )
     manifest = _manifest(mailbox)
     assert manifest["algorithm"]["merge"] == RDA
     assert {"tok_embed.weight", "pos_embed.weight"} <= _parameters(manifest).keys()
@@ -126,8 +127,26 @@ def test_pythia_trains_from_scratch_with_the_weighted_mean(tmp_path: Path) -> No
 
 def test_gpt2_trains_from_scratch_with_the_weighted_mean(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
-    options = ("--layers", "1", "--width", "32", "--heads", "2", "--steps", "4", "--batch", "1", "--context", "16",
-               "--sync-every", "2", "--fragments", "2", "--log-every", "2")
+    options = (
+        "--layers",
+        "1",
+        "--width",
+        "32",
+        "--heads",
+        "2",
+        "--steps",
+        "4",
+        "--batch",
+        "1",
+        "--context",
+        "16",
+        "--sync-every",
+        "2",
+        "--fragments",
+        "2",
+        "--log-every",
+        "2",
+    )
     _finish(_start("gpt2.py", mailbox, "gpt2", *options))
     manifest = _manifest(mailbox)
     assert manifest["algorithm"]["merge"] == WEIGHTED_MEAN

@@ -120,6 +120,7 @@ def test_list_of_a_run_layout(mailbox: Mailbox) -> None:
 
 
 def test_create_once(mailbox: Mailbox) -> None:
+    """INV-1: a second create-once is refused and the first writer's bytes stay."""
     token = mailbox.create("rounds/0001.json", b"first writer")
     with pytest.raises(RecordExists, match=r"rounds/0001\.json"):
         mailbox.create("rounds/0001.json", b"second writer")
@@ -171,6 +172,7 @@ def test_swap_with_a_garbage_token(mailbox: Mailbox) -> None:
 
 @pytest.mark.parametrize("key, problem", BAD_KEYS.items(), ids=list(range(len(BAD_KEYS))))
 def test_bad_keys_are_refused_before_any_io(mailbox: Mailbox, key: str, problem: str) -> None:
+    """INV-7: every operation refuses a bad key, naming the problem, before any I/O."""
     calls = [
         lambda: mailbox.get(key),
         lambda: mailbox.get_versioned(key),
@@ -190,12 +192,14 @@ def test_bad_keys_are_refused_before_any_io(mailbox: Mailbox, key: str, problem:
 
 
 def test_bad_list_prefix_is_refused(mailbox: Mailbox) -> None:
+    """INV-7: a path-like list prefix is refused."""
     for prefix in ["../", "/abs", "a//", "a b"]:
         with pytest.raises(InvalidKey):
             mailbox.list(prefix)
 
 
 def test_non_str_key_is_refused(mailbox: Mailbox) -> None:
+    """INV-7: a key that is not a str is refused."""
     with pytest.raises(InvalidKey, match="must be a str"):
         mailbox.get(b"bytes-key")  # type: ignore[arg-type]
 

@@ -43,6 +43,7 @@ def _race_threads(mailbox: Mailbox, key: str) -> dict[str, str]:
 
 
 def test_threads_race_on_create(mailbox: Mailbox, store: str) -> None:
+    """INV-1: of threads racing to create one key exactly one wins and its bytes stay."""
     rounds = 1 if store == "s3" else 5  # SeaweedFS makes contended conditional writes wait ~1 s
     mailbox.create("warm-up", b"")  # connect (and check conditional writes) before racing
     for round_index in range(rounds):
@@ -55,8 +56,7 @@ def _race_processes(url: str, key: str) -> dict[str, str]:
     barrier = context.Barrier(PROCESSES)
     results = context.Queue()
     processes = [
-        context.Process(target=race_create, args=(url, key, f"process-{index}", barrier, results))
-        for index in range(PROCESSES)
+        context.Process(target=race_create, args=(url, key, f"process-{index}", barrier, results)) for index in range(PROCESSES)
     ]
     for process in processes:
         process.start()
@@ -74,16 +74,16 @@ def _race_processes(url: str, key: str) -> dict[str, str]:
 
 
 def test_processes_race_on_create_in_a_directory(tmp_path: Path) -> None:
+    """INV-1: of processes racing to create one file exactly one wins and its bytes stay."""
     mailbox = FileMailbox(tmp_path / "mailbox")
     outcomes = _race_processes(mailbox.url, "rounds/0001.json")
     _check_one_winner(mailbox, "rounds/0001.json", outcomes)
 
 
 @pytest.mark.s3
-def test_processes_race_on_create_in_s3(
-    make_s3_mailbox, s3_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+def test_processes_race_on_create_in_s3(make_s3_mailbox, s3_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Children open the mailbox from its URL; credentials reach them the standard way.
+    """INV-1: of processes racing to create one S3 object exactly one wins and its bytes stay."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret_key)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))

@@ -47,6 +47,7 @@ def test_good_keys(key: str) -> None:
 
 @pytest.mark.parametrize("key, problem", BAD.items(), ids=list(range(len(BAD))))
 def test_bad_keys_name_the_key_and_the_problem(key: str, problem: str) -> None:
+    """INV-7: path-like and malformed keys are refused with the key and the problem."""
     with pytest.raises(InvalidKey) as caught:
         validate_key(key)
     assert problem in str(caught.value)
@@ -55,6 +56,7 @@ def test_bad_keys_name_the_key_and_the_problem(key: str, problem: str) -> None:
 
 
 def test_non_str_keys() -> None:
+    """INV-7: keys of the wrong type are refused."""
     for key in (b"bytes", None, 3, ["a"]):
         with pytest.raises(InvalidKey, match="must be a str"):
             validate_key(key)  # type: ignore[arg-type]
@@ -72,5 +74,6 @@ def test_good_prefixes(prefix: str) -> None:
 
 @pytest.mark.parametrize("prefix", ["/", "/a", "a//", "../", "a b", "a\\", "a//b/"])
 def test_bad_prefixes(prefix: str) -> None:
+    """INV-7: path-like list prefixes are refused."""
     with pytest.raises(InvalidKey, match="prefix"):
         validate_prefix(prefix)

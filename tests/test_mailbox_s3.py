@@ -43,9 +43,7 @@ def _random_bytes(seed: int, size: int) -> bytes:
 
 
 def _session(server: S3Server) -> boto3.Session:
-    return boto3.Session(
-        aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key, region_name=server.region
-    )
+    return boto3.Session(aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key, region_name=server.region)
 
 
 class CallCounter:
@@ -68,9 +66,7 @@ class CallCounter:
 # -- large payloads ------------------------------------------------------------------
 
 
-def test_300_mb_round_trips_through_parallel_multipart(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
+def test_300_mb_round_trips_through_parallel_multipart(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     session = _session(s3_server)
     counter = CallCounter(session.events)
     mailbox = make_s3_mailbox(session=session)  # default tuning: 64 MiB threshold, 16 MiB parts
@@ -89,9 +85,7 @@ def test_300_mb_round_trips_through_parallel_multipart(
     assert data == payload
 
 
-def test_multipart_create_once_and_swap_are_conditional(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
+def test_multipart_create_once_and_swap_are_conditional(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     session = _session(s3_server)
     counter = CallCounter(session.events)
     mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
@@ -136,9 +130,7 @@ def test_a_download_restarts_when_the_object_is_replaced_mid_read(
 # -- injected transient failures -----------------------------------------------------
 
 
-def _faulty_mailbox(
-    make: Callable[..., S3Mailbox], server: S3Server, injector: FaultInjector, **options: Any
-) -> S3Mailbox:
+def _faulty_mailbox(make: Callable[..., S3Mailbox], server: S3Server, injector: FaultInjector, **options: Any) -> S3Mailbox:
     session = _session(server)
     injector.install(session.events)
     return make(session=session, **options)
@@ -154,9 +146,7 @@ def _workload(mailbox: S3Mailbox) -> None:
     assert mailbox.list() == ["b"]
 
 
-def test_transient_failures_are_retried_and_replayable(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
+def test_transient_failures_are_retried_and_replayable(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     operations = frozenset({"PutObject", "GetObject", "HeadObject", "ListObjectsV2", "DeleteObject"})
     runs = []
     for _ in range(2):
@@ -180,9 +170,7 @@ def test_transient_failures_in_parallel_transfers_are_retried(
     assert injector.fired
 
 
-def test_persistent_failure_becomes_mailbox_unavailable(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
+def test_persistent_failure_becomes_mailbox_unavailable(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     injector = FaultInjector(seed=1, operations=frozenset({"GetObject"}), probability=1.0, max_faults=100)
     mailbox = _faulty_mailbox(make_s3_mailbox, s3_server, injector, tuning=S3Tuning(max_attempts=3))
     mailbox.put("k", b"v")
@@ -226,9 +214,7 @@ def test_a_lost_swap_response_is_recognised_as_our_success(
     assert mailbox.get_versioned("lease") == (b"n=2", new_token)
 
 
-def test_a_rival_object_still_yields_record_exists(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
+def test_a_rival_object_still_yields_record_exists(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     """Our first attempt never arrives; a rival creates the key before our retry, whose
     412 must then be reported as the lost race it is."""
     session = _session(s3_server)
@@ -344,9 +330,7 @@ def test_no_credentials_anywhere(
     _assert_clear(caught.value, "credentials")
 
 
-def test_unknown_profile(
-    make_s3_mailbox: Callable[..., S3Mailbox], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_unknown_profile(make_s3_mailbox: Callable[..., S3Mailbox], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     mailbox = make_s3_mailbox(access_key_id=None, secret_access_key=None, profile="gradientmail-nope")
     with pytest.raises(MailboxMisconfigured) as caught:
@@ -354,10 +338,10 @@ def test_unknown_profile(
     _assert_clear(caught.value, "gradientmail-nope")
 
 
-def test_a_store_ignoring_conditional_writes_is_refused(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
-    """Strip the condition headers before signing, as a store that ignores them would:
+def test_a_store_ignoring_conditional_writes_is_refused(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
+    """INV-1: a store that ignores conditional writes could commit a version twice, so it is refused.
+
+    Strip the condition headers before signing, as a store that ignores them would:
     the first create-once must refuse to run rather than silently overwrite."""
     session = _session(s3_server)
 
@@ -446,9 +430,7 @@ def test_minio_mailbox_is_an_s3_mailbox(s3_server: S3Server) -> None:
         token = mailbox.create("k", b"v")
         assert mailbox.get_versioned("k") == (b"v", token)
         assert mailbox.url == f"minio://{host}/{s3_server.bucket}/{prefix}?secure=false"
-        with_keys = (
-            f"minio://{s3_server.access_key}:{s3_server.secret_key}@{host}/{s3_server.bucket}/{prefix}?secure=false"
-        )
+        with_keys = f"minio://{s3_server.access_key}:{s3_server.secret_key}@{host}/{s3_server.bucket}/{prefix}?secure=false"
         other = open_mailbox(with_keys)
         assert isinstance(other, MinioMailbox)
         assert other.get("k") == b"v"

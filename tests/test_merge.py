@@ -26,8 +26,12 @@ def test_weight_table_is_exact():
     assert weight(3, 10**12) == (10**24) / 3
 
 
-@pytest.mark.parametrize("steps, samples, reason", [(0, 10, "zero_steps"), (-1, 10, "invalid_counts"), (2, -5, "invalid_counts"), (1.5, 3, "invalid_counts")])
+@pytest.mark.parametrize(
+    "steps, samples, reason",
+    [(0, 10, "zero_steps"), (-1, 10, "invalid_counts"), (2, -5, "invalid_counts"), (1.5, 3, "invalid_counts")],
+)
 def test_weight_rejects_bad_counts(steps, samples, reason):
+    """INV-7: zero or invalid step and sample counts are rejected with their reason."""
     with pytest.raises(gm.ContributionRejected) as caught:
         weight(steps, samples)
     assert caught.value.reason == reason
@@ -150,8 +154,12 @@ def test_zero_delta_lowers_length_by_its_share(backend):
 
 
 def test_same_inputs_same_bytes(backend):
+    """INV-4: on one backend the same inputs merge to the same bytes."""
     rng = np.random.default_rng(3)
-    deltas = [{"a.weight": tensor(backend, rng.standard_normal((32, 16))), "embed.weight": tensor(backend, rng.standard_normal(64))} for _ in range(3)]
+    deltas = [
+        {"a.weight": tensor(backend, rng.standard_normal((32, 16))), "embed.weight": tensor(backend, rng.standard_normal(64))}
+        for _ in range(3)
+    ]
     weights = [weight(10, 640), weight(5, 320), weight(10, 100)]
     first = backend.encode(merge_tensors(gm.Rda(), deltas, weights, backend))
     second = backend.encode(merge_tensors(gm.Rda(), deltas, weights, backend))
@@ -159,9 +167,13 @@ def test_same_inputs_same_bytes(backend):
 
 
 def test_torch_and_mlx_agree():
+    """INV-4: PyTorch and MLX agree within 1e-6 relative on a merge and outer step."""
     torch_backend, mlx_backend = get_backend("torch"), get_backend("mlx")
     rng = np.random.default_rng(4)
-    raw = [{"blocks.0.mlp.weight": rng.standard_normal((64, 128)), "tok_embed.weight": rng.standard_normal((50, 16))} for _ in range(4)]
+    raw = [
+        {"blocks.0.mlp.weight": rng.standard_normal((64, 128)), "tok_embed.weight": rng.standard_normal((50, 16))}
+        for _ in range(4)
+    ]
     weights = [weight(12, 3072), weight(6, 1536), weight(12, 1536), weight(3, 700)]
     results = []
     for backend in (torch_backend, mlx_backend):
@@ -169,7 +181,9 @@ def test_torch_and_mlx_agree():
         anchor = {k: tensor(backend, v) for k, v in raw[0].items()}
         merged = merge_tensors(gm.Rda(), deltas, weights, backend)
         params, state = gm.NesterovOuter().step(backend, anchor, gm.OuterState.zeros(backend, anchor), merged)
-        results.append({k: values(backend, v) for k, v in params.items()} | {f"m/{k}": values(backend, v) for k, v in state.momentum.items()})
+        results.append(
+            {k: values(backend, v) for k, v in params.items()} | {f"m/{k}": values(backend, v) for k, v in state.momentum.items()}
+        )
     for key in results[0]:
         np.testing.assert_allclose(results[0][key], results[1][key], rtol=1e-6, atol=1e-6 * np.abs(results[0][key]).max())
 

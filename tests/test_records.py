@@ -16,36 +16,57 @@ def manifest() -> Manifest:
     return Manifest(
         run_id="run-1",
         algorithm=gm.DiLoCo(fragments=2).to_manifest(),
-        parameters=(ParameterSpec(name="a", shape=(2, 3), dtype="float32"), ParameterSpec(name="b", shape=(3,), dtype="bfloat16")),
+        parameters=(
+            ParameterSpec(name="a", shape=(2, 3), dtype="float32"),
+            ParameterSpec(name="b", shape=(3,), dtype="bfloat16"),
+        ),
         plan=(("a",), ("b",)),
         created_by="node-0",
     )
 
 
 def contribution(**changes) -> Contribution:
-    fields = dict(learner="node-1", fragment=0, anchor_version=4, steps=12, samples=3072,
-                  payload=PayloadRef(key="fragments/0000/contributions/0000000004/node-1-0000000001.safetensors", sha256=SHA, size_bytes=100), dtype="float32")
+    fields = dict(
+        learner="node-1",
+        fragment=0,
+        anchor_version=4,
+        steps=12,
+        samples=3072,
+        payload=PayloadRef(
+            key="fragments/0000/contributions/0000000004/node-1-0000000001.safetensors", sha256=SHA, size_bytes=100
+        ),
+    )
     fields.update(changes)
     return Contribution(**fields)
 
 
 def round_record() -> RoundRecord:
     return RoundRecord(
-        fragment=0, version=5, base_version=4, merge={"kind": "rda", "direct_pattern": "embed"}, outer_lr=0.7, outer_momentum=0.9,
+        fragment=0,
+        version=5,
+        base_version=4,
+        merge={"kind": "rda", "direct_pattern": "embed"},
+        outer_lr=0.7,
+        outer_momentum=0.9,
         participants=({"learner": "node-1", "contribution": "k", "steps": 12, "samples": 3072, "weight": 786432.0},),
         rejected=({"learner": "node-2", "contribution": "k2", "reason": "stale", "detail": "based on 3"},),
-        params=PayloadRef(key="p", sha256=SHA, size_bytes=1), outer_state=PayloadRef(key="o", sha256=SHA, size_bytes=1),
-        committed_by="node-0", term=2,
+        params=PayloadRef(key="p", sha256=SHA, size_bytes=1),
+        outer_state=PayloadRef(key="o", sha256=SHA, size_bytes=1),
+        committed_by="node-0",
+        term=2,
     )
 
 
-@pytest.mark.parametrize("record", [manifest(), contribution(), round_record(), Lease(kind="syncer", holder="node-0", term=3, ttl_s=10.0)])
+@pytest.mark.parametrize(
+    "record", [manifest(), contribution(), round_record(), Lease(kind="syncer", holder="node-0", term=3, ttl_s=10.0)]
+)
 def test_round_trip(record):
     assert type(record).from_json(record.to_json()) == record
     assert json.loads(record.to_json())["schema_version"] == 1
 
 
 def test_manifest_merge_is_stored_in_its_manifest_form():
+    """INV-8: the manifest stores the merge in its manifest form."""
     assert json.loads(manifest().to_json())["algorithm"]["merge"] == {"kind": "rda", "direct_pattern": "embed"}
 
 
@@ -59,11 +80,13 @@ def test_manifest_merge_is_stored_in_its_manifest_form():
     ],
 )
 def test_malformed_records_are_refused(data, problem):
+    """INV-7: records that are not JSON objects or have an unknown schema version are refused."""
     with pytest.raises(gm.InvalidRecord, match=problem):
         Lease.from_json(data)
 
 
 def test_wrong_field_types_and_unknown_fields_are_named():
+    """INV-7: mis-typed and unknown fields are refused, naming the field."""
     raw = json.loads(contribution().to_json())
     raw["steps"] = "twelve"
     with pytest.raises(gm.InvalidRecord, match="steps"):
@@ -80,6 +103,7 @@ def test_wrong_field_types_and_unknown_fields_are_named():
 
 @pytest.mark.parametrize("learner", ["../etc", "/abs", "a/b", "", ".hidden", "x" * 65, "sp ace"])
 def test_path_like_learner_ids_are_refused(learner):
+    """INV-7: path-like learner ids are refused in records and keys."""
     raw = json.loads(contribution().to_json())
     raw["learner"] = learner
     with pytest.raises(gm.InvalidRecord, match="learner"):
@@ -89,6 +113,7 @@ def test_path_like_learner_ids_are_refused(learner):
 
 
 def test_manifest_plan_must_partition_the_parameters():
+    """INV-7: a manifest whose plan does not partition the parameters is refused."""
     raw = json.loads(manifest().to_json())
     raw["plan"] = [["a"]]
     with pytest.raises(gm.InvalidRecord, match="plan"):
@@ -96,6 +121,7 @@ def test_manifest_plan_must_partition_the_parameters():
 
 
 def test_oversized_record_is_refused_before_parsing():
+    """INV-7: an oversized record is refused before parsing."""
     with pytest.raises(gm.InvalidRecord, match="limit"):
         Lease.from_json(b" " * (16 * 1024 * 1024 + 1))
 

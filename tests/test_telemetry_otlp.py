@@ -13,8 +13,13 @@ from tests.telemetry_tools import OtlpReceiver, start_sessions
 @pytest.fixture
 def receiver(monkeypatch):
     server = OtlpReceiver().start()
-    for name in ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_PROTOCOL",
-                 "OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+    ):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", server.endpoint)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")

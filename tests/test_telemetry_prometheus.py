@@ -54,14 +54,36 @@ def scraped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScrapedRun
     workdir = tmp_path_factory.mktemp("scraped-run")
     url, box = f"file://{workdir / 'box'}", FileMailbox(workdir / "box")
     ports = {f"n{i}": free_port() for i in range(3)}
-    args = ["--steps", "100000", "--step-sleep", "0.02", "--sync-every", "10", "--quorum", "2", "--wait-for", "3",
-            "--ttl", "1.0", "--poll", "0.05"]
-    learners = {name: start_learner(url, name, workdir, "--seed", str(i), "--metrics-port", str(port), *args)
-                for i, (name, port) in enumerate(ports.items())}
+    args = [
+        "--steps",
+        "100000",
+        "--step-sleep",
+        "0.02",
+        "--sync-every",
+        "10",
+        "--quorum",
+        "2",
+        "--wait-for",
+        "3",
+        "--ttl",
+        "1.0",
+        "--poll",
+        "0.05",
+    ]
+    learners = {
+        name: start_learner(url, name, workdir, "--seed", str(i), "--metrics-port", str(port), *args)
+        for i, (name, port) in enumerate(ports.items())
+    }
     prometheus = Prometheus.start(workdir, [f"127.0.0.1:{port}" for port in ports.values()], [RULES])
     try:
-        wait_until(lambda: (prometheus.value("sum(gradientmail_rounds_committed_total)") or 0) >= 6
-                   and prometheus.value('count(up{job="gradientmail"} == 1)') == 3, 45, "rounds in Prometheus")
+        wait_until(
+            lambda: (
+                (prometheus.value("sum(gradientmail_rounds_committed_total)") or 0) >= 6
+                and prometheus.value('count(up{job="gradientmail"} == 1)') == 3
+            ),
+            45,
+            "rounds in Prometheus",
+        )
         holder = syncer_lease(box)
         assert holder is not None
         expositions = {f"{name} before the kill": http_get(f"http://127.0.0.1:{port}/metrics") for name, port in ports.items()}
@@ -72,16 +94,27 @@ def scraped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScrapedRun
             "learner leases expired": 'max(gradientmail_lease_expirations_total{kind="learner"})',
         }
         try:
-            wait_until(lambda: all((prometheus.value(q) or 0) >= 1 for q in takeover.values())
-                       and prometheus.value("sum(gradientmail_syncer_leader)") == 1, 30, "a takeover seen by Prometheus")
+            wait_until(
+                lambda: (
+                    all((prometheus.value(q) or 0) >= 1 for q in takeover.values())
+                    and prometheus.value("sum(gradientmail_syncer_leader)") == 1
+                ),
+                30,
+                "a takeover seen by Prometheus",
+            )
         except AssertionError as exc:
             seen = {name: prometheus.value(q) for name, q in {**takeover, "holders": "sum(gradientmail_syncer_leader)"}.items()}
             raise AssertionError(f"{exc}: {seen}") from None
         # a few more scrapes of the new holder, so rates over 20 s windows have points
-        wait_until(lambda: (prometheus.value("sum(increase(gradientmail_syncer_takeovers_total[20s]))") or 0) > 0
-                   and (prometheus.value("sum(rate(gradientmail_round_duration_seconds_count[20s]))") or 0) > 0
-                   and (prometheus.value("sum(rate(gradientmail_contributions_accepted_total[20s]))") or 0) > 0,
-                   20, "the new holder's rounds in rates")
+        wait_until(
+            lambda: (
+                (prometheus.value("sum(increase(gradientmail_syncer_takeovers_total[20s]))") or 0) > 0
+                and (prometheus.value("sum(rate(gradientmail_round_duration_seconds_count[20s]))") or 0) > 0
+                and (prometheus.value("sum(rate(gradientmail_contributions_accepted_total[20s]))") or 0) > 0
+            ),
+            20,
+            "the new holder's rounds in rates",
+        )
         for name in ports:
             if name != holder.holder:
                 expositions[f"{name} after the takeover"] = http_get(f"http://127.0.0.1:{ports[name]}/metrics")
@@ -100,8 +133,15 @@ def test_every_metric_the_run_exposes_passes_promtool_check_metrics(scraped_run:
         assert "gradientmail_learner_steps_total" in exposition, where
         result = subprocess.run([promtool, "check", "metrics"], input=exposition, capture_output=True, text=True, timeout=30)
         assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), f"{where}: {result.stdout}{result.stderr}"
-    expected = {series for spec in METRICS for series in (
-        [spec.prometheus_name + suffix for suffix in ("_bucket", "_sum", "_count")] if spec.kind == "histogram" else [spec.prometheus_name])}
+    expected = {
+        series
+        for spec in METRICS
+        for series in (
+            [spec.prometheus_name + suffix for suffix in ("_bucket", "_sum", "_count")]
+            if spec.kind == "histogram"
+            else [spec.prometheus_name]
+        )
+    }
     ours = {name for name in scraped_run.scraped if name.startswith("gradientmail_")}
     assert ours == expected, f"missing from the run: {sorted(expected - ours)}; not in the catalogue: {sorted(ours - expected)}"
 
@@ -110,7 +150,9 @@ def test_every_dashboard_and_rule_query_parses_and_names_exported_metrics(scrape
     learner = scraped_run.survivors()[0]
     expressions: list[tuple[str, str]] = [(f"rule {name}", expr) for name, expr in rule_expressions()]
     for file, board in dashboards().items():
-        expressions += [(f"{file}: {title}", expr) for title, expr in dashboard_queries(board, {"fragment": ".*", "learner": learner})]
+        expressions += [
+            (f"{file}: {title}", expr) for title, expr in dashboard_queries(board, {"fragment": ".*", "learner": learner})
+        ]
         for variable, metric, label in variable_queries(board):
             assert metric in scraped_run.scraped, f"{file}: variable {variable} reads {metric}, which the run does not export"
             values = scraped_run.prometheus.api(f"label/{label}/values", **{"match[]": metric})
@@ -125,8 +167,9 @@ def test_every_dashboard_and_rule_query_parses_and_names_exported_metrics(scrape
 
 def test_the_round_dashboard_queries_return_data_for_the_run(scraped_run: ScrapedRun) -> None:
     board = dashboards()[ROUNDS_DASHBOARD]
-    empty = [(title, expr) for title, expr in dashboard_queries(board, {"fragment": ".*"})
-             if not scraped_run.prometheus.query(expr)]
+    empty = [
+        (title, expr) for title, expr in dashboard_queries(board, {"fragment": ".*"}) if not scraped_run.prometheus.query(expr)
+    ]
     assert not empty, "queries without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
 
 

@@ -18,11 +18,11 @@ from gradientmail.session.join import join_run
 from gradientmail.settings import NodeSettings
 from gradientmail.store import RunStore
 from gradientmail.store.leases import LearnerLease
-from gradientmail.syncer import Election, RunSpec, SyncerRuntime
+from gradientmail.syncer import Election, SyncerRuntime
 from gradientmail.telemetry import METRICS, hooks
 from gradientmail.telemetry.catalogue import PHASES
-from tests.telemetry_tools import ROOT, http_get, start_sessions
 from tests.fake_clock import FakeClock
+from tests.telemetry_tools import ROOT, http_get, start_sessions
 
 BOUNDED_LABELS = {"fragment", "learner", "node", "reason", "phase", "kind"}
 
@@ -30,8 +30,13 @@ BOUNDED_LABELS = {"fragment", "learner", "node", "reason", "phase", "kind"}
 @pytest.fixture(autouse=True)
 def no_telemetry(monkeypatch):
     """Each test starts with telemetry off and no OTLP variables, and leaves it off."""
-    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_PROTOCOL", "GRADIENTMAIL_METRICS_PORT"):
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "GRADIENTMAIL_METRICS_PORT",
+    ):
         monkeypatch.delenv(name, raising=False)
     gm.telemetry.shutdown()
     yield
@@ -63,7 +68,7 @@ def test_every_metric_and_alert_is_documented():
 
 
 def test_telemetry_is_off_until_configured_and_then_refuses_to_export_nothing():
-    assert gm.telemetry.active() is None and hooks._recorder is None  # noqa: SLF001 - the off switch itself
+    assert gm.telemetry.active() is None and hooks._recorder is None
     with pytest.raises(gm.InvalidConfig, match="nothing to export"):
         gm.telemetry.configure()
 
@@ -113,8 +118,9 @@ def test_settings_turn_telemetry_on_only_when_asked():
     assert telemetry is not None and telemetry is gm.telemetry.active()
     assert telemetry.prometheus_address is not None
     # a live session gives the exposition data (an exporter with no data points serves nothing)
-    session = gm.Session({"w": np.zeros(2, np.float32)}, mailbox=gm.MemoryMailbox(), learner_id="n1",
-                         options=gm.SessionOptions(run_syncer=False))
+    session = gm.Session(
+        {"w": np.zeros(2, np.float32)}, mailbox=gm.MemoryMailbox(), learner_id="n1", options=gm.SessionOptions(run_syncer=False)
+    )
     session.open()
     try:
         assert 'service_instance_id="n1"' in http_get(f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics")
@@ -123,14 +129,15 @@ def test_settings_turn_telemetry_on_only_when_asked():
 
 
 def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp_path):
+    """INV-6: a learner stops counting as live once its lease stood still for a TTL on the syncer's clock."""
     box = gm.FileMailbox(tmp_path / "box")
-    store = RunStore(box, get_backend("numpy"))
-    manifest, _ = join_run(store, {"w": np.zeros(3, np.float32)}, gm.DiLoCo(), "creator")
+    store = RunStore(box)
+    spec, _ = join_run(store, get_backend("numpy"), {"w": np.zeros(3, np.float32)}, gm.DiLoCo(), "creator")
     clock = FakeClock()
-    syncer = SyncerRuntime(store, RunSpec.from_manifest(manifest), "node", clock=clock)
-    dying, leaving = LearnerLease(box, "dying", 2.0), LearnerLease(box, "leaving", 2.0)
-    dying.renew()
-    leaving.renew()
+    syncer = SyncerRuntime(store, get_backend("numpy"), spec, "node", lease_ttl_s=10.0, poll_interval_s=0.2, clock=clock)
+    dying, leaving = LearnerLease(store, "dying", 2.0), LearnerLease(store, "leaving", 2.0)
+    dying.renew({})
+    leaving.renew({})
     syncer.run_once()
     assert set(syncer.live) == {"dying", "leaving"}
     clock.now += 1.0
@@ -143,9 +150,10 @@ def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp
 
 
 def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():
+    """INV-6: a dead syncer's lease is taken over after a TTL of the observer's own clock."""
     box = gm.MemoryMailbox()
     clock_a, clock_b = FakeClock(), FakeClock()
-    a, b = Election(box, "a", ttl_s=3.0, clock=clock_a), Election(box, "b", ttl_s=3.0, clock=clock_b)
+    a, b = Election(RunStore(box), "a", ttl_s=3.0, clock=clock_a), Election(RunStore(box), "b", ttl_s=3.0, clock=clock_b)
     assert a.poll() and not b.poll()
     clock_b.now += 3.1  # a died without a word
     assert b.poll() and b.takeovers == 1 and b.leases_expired == 1
@@ -157,9 +165,20 @@ def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():
 
 
 def test_round_phases_partition_the_round():
-    phases = hooks.RoundPhases(opened_at=10.0, first_seen_at=12.0, quorum_at=12.5, closing_at=13.0, merged_at=13.25,
-                               stepped_at=13.5, committed_at=14.0, now=20.0, grace_window_s=0.5, grace_contributions=1,
-                               fetch_s=0.1, fetched_bytes=100)
+    phases = hooks.RoundPhases(
+        opened_at=10.0,
+        first_seen_at=12.0,
+        quorum_at=12.5,
+        closing_at=13.0,
+        merged_at=13.25,
+        stepped_at=13.5,
+        committed_at=14.0,
+        now=20.0,
+        grace_window_s=0.5,
+        grace_contributions=1,
+        fetch_s=0.1,
+        fetched_bytes=100,
+    )
     durations = phases.durations()
     assert list(durations) == list(PHASES)
     assert durations == {"collect": 2.0, "quorum_wait": 0.5, "grace": 0.5, "merge": 0.25, "outer_step": 0.25, "commit": 0.5}

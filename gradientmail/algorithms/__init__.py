@@ -1,9 +1,11 @@
 """Algorithms: configuration, weights, merges, the outer step, fragment plan and schedule."""
 
+from gradientmail.algorithms.align import aligned_parameters, pseudo_gradient
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.fragments import FragmentPlan, due_fragments, is_due, plan_fragments
 from gradientmail.algorithms.merge import Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
 from gradientmail.algorithms.outer import NesterovOuter, OuterState
+from gradientmail.algorithms.schedule import OnSchedule, due_by_offset, half_period, must_wait_for_commit, on_schedule, slot_free
 
 __all__ = [
     "DiLoCo",
@@ -19,4 +21,12 @@ __all__ = [
     "plan_fragments",
     "is_due",
     "due_fragments",
+    "OnSchedule",
+    "due_by_offset",
+    "half_period",
+    "on_schedule",
+    "slot_free",
+    "must_wait_for_commit",
+    "pseudo_gradient",
+    "aligned_parameters",
 ]

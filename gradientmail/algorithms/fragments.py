@@ -29,12 +29,6 @@ class FragmentPlan:
     def __len__(self) -> int:
         return len(self.fragments)
 
-    def fragment_of(self, name: str) -> int:
-        for index, names in enumerate(self.fragments):
-            if name in names:
-                return index
-        raise KeyError(name)
-
     def to_manifest(self) -> list[list[str]]:
         return [list(names) for names in self.fragments]
 
@@ -48,9 +42,7 @@ def plan_fragments(sizes: Sequence[tuple[str, int]], fragments: int) -> Fragment
     if fragments < 1:
         raise InvalidConfig("fragments", f"must be at least 1, got {fragments}")
     if fragments > len(sizes):
-        raise InvalidConfig(
-            "fragments", f"{fragments} fragments but the model has only {len(sizes)} parameter tensors"
-        )
+        raise InvalidConfig("fragments", f"{fragments} fragments but the model has only {len(sizes)} parameter tensors")
     names = [name for name, _ in sizes]
     if len(set(names)) != len(names):
         raise ValueError("parameter names must be unique")

@@ -8,7 +8,7 @@ backend is taken from the tensors unless given.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -65,8 +65,8 @@ def rda(deltas: Sequence[Tensor], weights: Sequence[float], backend: Backend | N
     backend = backend or backend_for(deltas[0])
     shares = normalized(weights)
     norms = [backend.norm(delta) for delta in deltas]
-    mean_length = sum(share * norm for share, norm in zip(shares, norms))
-    directions = [backend.scale(delta, 1.0 / max(norm, NORM_FLOOR)) for delta, norm in zip(deltas, norms)]
+    mean_length = sum(share * norm for share, norm in zip(shares, norms, strict=True))
+    directions = [backend.scale(delta, 1.0 / max(norm, NORM_FLOOR)) for delta, norm in zip(deltas, norms, strict=True)]
     mean_direction = backend.linear_combination(directions, shares)
     return backend.scale(mean_direction, mean_length / max(backend.norm(mean_direction), NORM_FLOOR))
 
@@ -102,7 +102,7 @@ class Rda(FrozenConfig):
         return self.direct_pattern is not None and self.direct_pattern in tensor_name.lower()
 
 
-MergeConfig = Annotated[Union[Rda, WeightedMean], Field(discriminator="kind")]
+MergeConfig = Annotated[Rda | WeightedMean, Field(discriminator="kind")]
 """The merge field of :class:`~gradientmail.algorithms.diloco.DiLoCo` (manifest: ``{"kind": …}``)."""
 
 MERGE_KINDS = ("rda", "weighted_mean")

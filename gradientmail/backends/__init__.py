@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from gradientmail.backends.base import Backend, Tensor
+from gradientmail.errors import BackendUnavailable, InvalidConfig
 
 __all__ = ["Backend", "Tensor", "get_backend", "backend_for", "BACKEND_NAMES"]
 
@@ -19,15 +21,20 @@ _instances: dict[str, Backend] = {}
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called ``name`` (``"torch"``, ``"mlx"`` or ``"numpy"``)."""
+    """The backend called ``name`` (``"torch"``, ``"mlx"`` or ``"numpy"``).
+
+    Raises:
+        InvalidConfig: (field ``backend``) for an unknown name.
+        BackendUnavailable: when the backend's framework is not installed.
+    """
     if name not in _MODULES:
-        raise ValueError(f"unknown backend {name!r}; choose one of {list(_MODULES)}")
+        raise InvalidConfig("backend", f"unknown backend {name!r}; choose one of {list(_MODULES)}")
     if name not in _instances:
         module_name, class_name = _MODULES[name]
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise ImportError(
+            raise BackendUnavailable(
                 f"the {name} backend needs its framework: pip install 'gradientmail[{name}]' ({exc})"
             ) from exc
         _instances[name] = getattr(module, class_name)()
@@ -39,9 +46,10 @@ def backend_for(obj: Any) -> Backend:
 
     Only frameworks that are already imported are considered, so picking a backend never
     imports torch or MLX on its own.
-    """
-    import sys
 
+    Raises:
+        InvalidConfig: (field ``backend``) when no backend recognises ``obj``.
+    """
     candidates = ["numpy"]
     if "torch" in sys.modules:
         candidates.insert(0, "torch")
@@ -51,4 +59,4 @@ def backend_for(obj: Any) -> Backend:
         backend = get_backend(name)
         if backend.owns(obj):
             return backend
-    raise TypeError(f"no backend recognises {type(obj).__name__}; pass backend= explicitly")
+    raise InvalidConfig("backend", f"no backend recognises {type(obj).__name__}; pass backend= explicitly")

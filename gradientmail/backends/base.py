@@ -74,19 +74,12 @@ class Backend(ABC):
     def shape(self, tensor: Tensor) -> tuple[int, ...]:
         """The tensor's shape as a tuple of ints."""
 
-    def numel(self, tensor: Tensor) -> int:
-        """Number of elements."""
-        count = 1
-        for dim in self.shape(tensor):
-            count *= dim
-        return count
-
     def linear_combination(self, tensors: Sequence[Tensor], factors: Sequence[float]) -> Tensor:
         """``Σ factors[i] * tensors[i]`` in fp32, summed in the given order (deterministic)."""
         if not tensors or len(tensors) != len(factors):
             raise ValueError("linear_combination needs as many factors as tensors, at least one")
         total = self.scale(self.to_fp32(tensors[0]), factors[0])
-        for tensor, factor in zip(tensors[1:], factors[1:]):
+        for tensor, factor in zip(tensors[1:], factors[1:], strict=True):
             total = self.add(total, self.scale(self.to_fp32(tensor), factor))
         return total
 

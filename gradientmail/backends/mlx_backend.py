@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import ml_dtypes
 import mlx.core as mx
@@ -39,41 +39,42 @@ class MlxBackend(Backend):
     def owns(self, obj: object) -> bool:
         return isinstance(obj, (mx.array, nn.Module))
 
-    def to_fp32(self, tensor: Tensor) -> mx.array:
+    def to_fp32(self, tensor: mx.array) -> mx.array:
         return mx.array(tensor, dtype=mx.float32)
 
-    def norm(self, tensor: Tensor) -> float:
+    def norm(self, tensor: mx.array) -> float:
         # float64 exists on MLX's CPU stream only; unified memory makes that copy-free on a Mac
         flat = tensor.reshape(-1).astype(mx.float64, stream=mx.cpu)
-        return float(mx.sqrt(mx.sum(flat * flat, stream=mx.cpu), stream=mx.cpu).item())
+        root = mx.sqrt(mx.sum(flat * flat, stream=mx.cpu), stream=mx.cpu)
+        return float(cast(float, root.item()))  # item() is typed int | float | complex; a float64 root is a float
 
-    def scale(self, tensor: Tensor, factor: float) -> mx.array:
+    def scale(self, tensor: mx.array, factor: float) -> mx.array:
         return tensor.astype(mx.float32) * factor
 
-    def add(self, a: Tensor, b: Tensor) -> mx.array:
+    def add(self, a: mx.array, b: mx.array) -> mx.array:
         return a.astype(mx.float32) + b.astype(mx.float32)
 
-    def sub(self, a: Tensor, b: Tensor) -> mx.array:
+    def sub(self, a: mx.array, b: mx.array) -> mx.array:
         return a.astype(mx.float32) - b.astype(mx.float32)
 
-    def zeros_like(self, tensor: Tensor) -> mx.array:
+    def zeros_like(self, tensor: mx.array) -> mx.array:
         return mx.zeros(tensor.shape, dtype=mx.float32)
 
-    def all_finite(self, tensor: Tensor) -> bool:
+    def all_finite(self, tensor: mx.array) -> bool:
         if not mx.issubdtype(tensor.dtype, mx.floating):
             return True
         return bool(mx.all(mx.isfinite(tensor.astype(mx.float32))).item())
 
-    def cast(self, tensor: Tensor, dtype: str) -> mx.array:
+    def cast(self, tensor: mx.array, dtype: str) -> mx.array:
         return tensor.astype(self.mlx_dtype(dtype))
 
-    def dtype_name(self, tensor: Tensor) -> str:
+    def dtype_name(self, tensor: mx.array) -> str:
         try:
             return _NAMES[tensor.dtype]
         except KeyError:
             raise TypeError(f"dtype {tensor.dtype} is not supported") from None
 
-    def shape(self, tensor: Tensor) -> tuple[int, ...]:
+    def shape(self, tensor: mx.array) -> tuple[int, ...]:
         return tuple(int(d) for d in tensor.shape)
 
     @staticmethod
@@ -83,7 +84,7 @@ class MlxBackend(Backend):
         except KeyError:
             raise TypeError(f"MLX has no dtype {name!r}; known: {sorted(_MLX_DTYPES)}") from None
 
-    def to_numpy(self, tensor: Tensor) -> np.ndarray:
+    def to_numpy(self, tensor: mx.array) -> np.ndarray:
         if tensor.dtype == mx.bfloat16:  # NumPy's buffer protocol has no bf16: move the bits
             return np.array(tensor.view(mx.uint16)).view(_BF16)
         return np.array(tensor)
@@ -94,15 +95,17 @@ class MlxBackend(Backend):
             return mx.array(np.ascontiguousarray(array).view(np.uint16)).view(mx.bfloat16)
         return mx.array(array, dtype=self.mlx_dtype(name))  # mx.array alone narrows float64
 
-    def copy(self, tensor: Tensor) -> mx.array:
+    def copy(self, tensor: mx.array) -> mx.array:
         return mx.array(tensor)
 
     def named_parameters(self, model: Any) -> list[tuple[str, Tensor]]:
         if not isinstance(model, nn.Module):
             raise TypeError(f"expected an mlx.nn.Module, got {type(model).__name__}")
-        return list(tree_flatten(model.parameters()))
+        parameters = model.parameters()  # type: ignore[no-untyped-call]  # mlx leaves Module.parameters unannotated
+        # tree_flatten returns a dict only when given a dict destination
+        return cast(list[tuple[str, mx.array]], tree_flatten(parameters))
 
-    def write_parameters(self, model: Any, values: Mapping[str, Tensor]) -> None:
+    def write_parameters(self, model: Any, values: Mapping[str, mx.array]) -> None:
         live = dict(self.named_parameters(model))
         updates = [(name, value.astype(live[name].dtype)) for name, value in values.items()]
         model.update(tree_unflatten(updates))

@@ -27,7 +27,8 @@ class NumpyBackend(Backend):
         return float(np.sqrt(np.dot(flat, flat)))
 
     def scale(self, tensor: Tensor, factor: float) -> np.ndarray:
-        return np.asarray(tensor, dtype=np.float32) * np.float32(factor)
+        scaled: np.ndarray = np.asarray(tensor, dtype=np.float32) * np.float32(factor)  # NumPy's stubs type the product as Any
+        return scaled
 
     def add(self, a: Tensor, b: Tensor) -> np.ndarray:
         return np.asarray(a, dtype=np.float32) + np.asarray(b, dtype=np.float32)

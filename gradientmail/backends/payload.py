@@ -80,7 +80,7 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
 def decode(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """Named arrays and metadata; any malformed input raises ``CorruptPayload``."""
     try:
-        entries = deserialize(bytes(data))
+        entries = deserialize(bytes(data))  # type: ignore[no-untyped-call]  # safetensors' stub leaves deserialize unannotated
         metadata = _read_metadata(data)
     except (SafetensorError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise CorruptPayload(f"payload is not valid safetensors: {exc}") from None

@@ -45,39 +45,39 @@ class TorchBackend(Backend):
     def owns(self, obj: object) -> bool:
         return isinstance(obj, (torch.Tensor, torch.nn.Module))
 
-    def to_fp32(self, tensor: Tensor) -> torch.Tensor:
+    def to_fp32(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().to(torch.float32, copy=True)
 
-    def norm(self, tensor: Tensor) -> float:
+    def norm(self, tensor: torch.Tensor) -> float:
         return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64))
 
-    def scale(self, tensor: Tensor, factor: float) -> torch.Tensor:
+    def scale(self, tensor: torch.Tensor, factor: float) -> torch.Tensor:
         return tensor.detach().to(torch.float32) * factor
 
-    def add(self, a: Tensor, b: Tensor) -> torch.Tensor:
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.detach().to(torch.float32) + b.detach().to(torch.float32)
 
-    def sub(self, a: Tensor, b: Tensor) -> torch.Tensor:
+    def sub(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return a.detach().to(torch.float32) - b.detach().to(torch.float32)
 
-    def zeros_like(self, tensor: Tensor) -> torch.Tensor:
+    def zeros_like(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(tensor, dtype=torch.float32)
 
-    def all_finite(self, tensor: Tensor) -> bool:
+    def all_finite(self, tensor: torch.Tensor) -> bool:
         if not (tensor.is_floating_point() or tensor.is_complex()):
             return True
         return bool(torch.isfinite(tensor.detach().to(torch.float32)).all())
 
-    def cast(self, tensor: Tensor, dtype: str) -> torch.Tensor:
+    def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:
         return tensor.detach().to(self.torch_dtype(dtype))
 
-    def dtype_name(self, tensor: Tensor) -> str:
+    def dtype_name(self, tensor: torch.Tensor) -> str:
         try:
             return _NAMES[tensor.dtype]
         except KeyError:
             raise TypeError(f"dtype {tensor.dtype} is not supported") from None
 
-    def shape(self, tensor: Tensor) -> tuple[int, ...]:
+    def shape(self, tensor: torch.Tensor) -> tuple[int, ...]:
         return tuple(int(d) for d in tensor.shape)
 
     @staticmethod
@@ -87,7 +87,7 @@ class TorchBackend(Backend):
         except KeyError:
             raise TypeError(f"unknown dtype {name!r}; known: {sorted(_TORCH_DTYPES)}") from None
 
-    def to_numpy(self, tensor: Tensor) -> np.ndarray:
+    def to_numpy(self, tensor: torch.Tensor) -> np.ndarray:
         host = tensor.detach().cpu().contiguous()
         if host.dtype in _BIT_VIEWS:
             int_dtype, np_dtype = _BIT_VIEWS[host.dtype]
@@ -105,7 +105,7 @@ class TorchBackend(Backend):
             return torch.from_numpy(array.view(int_np)).view(torch_dtype)
         return torch.from_numpy(array)
 
-    def copy(self, tensor: Tensor) -> torch.Tensor:
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().clone()
 
     def named_parameters(self, model: Any) -> list[tuple[str, Tensor]]:
@@ -113,7 +113,7 @@ class TorchBackend(Backend):
             raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
         return list(model.named_parameters())
 
-    def write_parameters(self, model: Any, values: Mapping[str, Tensor]) -> None:
+    def write_parameters(self, model: Any, values: Mapping[str, torch.Tensor]) -> None:
         live = dict(self.named_parameters(model))
         with torch.no_grad():
             for name, value in values.items():

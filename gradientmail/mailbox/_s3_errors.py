@@ -77,9 +77,7 @@ def stream_errors() -> tuple[type[BaseException], ...]:
     return (bx.HTTPClientError, bx.IncompleteReadError, bx.ChecksumError, HTTPError, OSError)
 
 
-def translate(
-    exc: BaseException, *, operation: str, bucket: str, object_key: str | None, endpoint: str
-) -> MailboxError:
+def translate(exc: BaseException, *, operation: str, bucket: str, object_key: str | None, endpoint: str) -> MailboxError:
     """Return the GradientMail error for a botocore (or transport) exception."""
     from botocore import exceptions as bx
 
@@ -96,8 +94,7 @@ def translate(
             return KeyNotFound(f"{where} not found at {endpoint}")
         if code in _ACCESS_CODES or status == 403:
             return MailboxMisconfigured(
-                f"{context} was denied ({code}): check the credentials and that they may "
-                f"read and write this bucket and prefix"
+                f"{context} was denied ({code}): check the credentials and that they may read and write this bucket and prefix"
             )
         if code == "PreconditionFailed" or status == 412:
             return VersionConflict(f"{context}: a condition on the object no longer holds")

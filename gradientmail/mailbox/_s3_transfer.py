@@ -112,14 +112,10 @@ def upload(
         raise
 
 
-def download(
-    client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int
-) -> tuple[bytes, str]:
+def download(client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int) -> tuple[bytes, str]:
     """Return the object's bytes and ETag, fetching parts of ``part_bytes`` in parallel."""
     for _ in range(_READ_RESTARTS):
-        found = _download_one_version(
-            client, executor, bucket=bucket, key=key, part_bytes=part_bytes, max_attempts=max_attempts
-        )
+        found = _download_one_version(client, executor, bucket=bucket, key=key, part_bytes=part_bytes, max_attempts=max_attempts)
         if found is not None:
             return found
     raise MailboxUnavailable(f"s3://{bucket}/{key} kept changing while it was being read")

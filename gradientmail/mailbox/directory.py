@@ -76,9 +76,7 @@ class FileMailbox:
         try:
             self._lock_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise MailboxMisconfigured(
-                f"cannot create the mailbox directory {str(self._root)!r}: {exc.strerror}"
-            ) from exc
+            raise MailboxMisconfigured(f"cannot create the mailbox directory {str(self._root)!r}: {exc.strerror}") from exc
 
     @property
     def url(self) -> str:
@@ -164,8 +162,7 @@ class FileMailbox:
         except OSError as exc:
             if exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EMLINK):
                 raise MailboxMisconfigured(
-                    f"create {key!r} in {self.url} refused: create-once needs a filesystem "
-                    f"with hard links ({exc.strerror})"
+                    f"create {key!r} in {self.url} refused: create-once needs a filesystem with hard links ({exc.strerror})"
                 ) from exc
             raise self._error(exc, "create", key) from exc
         finally:

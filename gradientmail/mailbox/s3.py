@@ -84,16 +84,9 @@ class S3Tuning:
             if not isinstance(value, (int, float)) or value <= 0:
                 raise InvalidConfig(name, f"must be a positive number of seconds, got {value!r}")
         if not isinstance(self.part_size_bytes, int) or self.part_size_bytes < _s3_transfer.MIN_PART_BYTES:
-            raise InvalidConfig(
-                "part_size_bytes", f"must be an int >= 5 MiB (S3's minimum part), got {self.part_size_bytes!r}"
-            )
-        if (
-            not isinstance(self.multipart_threshold_bytes, int)
-            or self.multipart_threshold_bytes < _s3_transfer.MIN_PART_BYTES
-        ):
-            raise InvalidConfig(
-                "multipart_threshold_bytes", f"must be an int >= 5 MiB, got {self.multipart_threshold_bytes!r}"
-            )
+            raise InvalidConfig("part_size_bytes", f"must be an int >= 5 MiB (S3's minimum part), got {self.part_size_bytes!r}")
+        if not isinstance(self.multipart_threshold_bytes, int) or self.multipart_threshold_bytes < _s3_transfer.MIN_PART_BYTES:
+            raise InvalidConfig("multipart_threshold_bytes", f"must be an int >= 5 MiB, got {self.multipart_threshold_bytes!r}")
         if not isinstance(self.max_concurrency, int) or self.max_concurrency < 1:
             raise InvalidConfig("max_concurrency", f"must be an int >= 1, got {self.max_concurrency!r}")
 
@@ -373,9 +366,7 @@ class S3Mailbox:
         except Exception as exc:
             if not is_transport_error(exc):
                 raise
-            raise translate(
-                exc, operation=operation, bucket=self._bucket, object_key=object_key, endpoint=self.endpoint
-            ) from exc
+            raise translate(exc, operation=operation, bucket=self._bucket, object_key=object_key, endpoint=self.endpoint) from exc
 
     def _write(self, operation: str, object_key: str, payload: bytes, conditions: dict[str, str]) -> str:
         """Upload under ``conditions`` with a fresh writer nonce; return the ETag.

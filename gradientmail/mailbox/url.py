@@ -82,9 +82,7 @@ def _open_minio(parts: SplitResult) -> Mailbox:
     host = parts.netloc.rpartition("@")[2]
     access_key = unquote(parts.username) if parts.username else None
     secret_key = unquote(parts.password) if parts.password else None
-    return MinioMailbox(
-        host, access_key, secret_key, bucket, prefix.strip("/"), secure=secure, region=region, tuning=tuning
-    )
+    return MinioMailbox(host, access_key, secret_key, bucket, prefix.strip("/"), secure=secure, region=region, tuning=tuning)
 
 
 def _open_file(parts: SplitResult) -> Mailbox:

@@ -1,7 +1,9 @@
-"""Typed records and the key layout of a run."""
+"""Typed records, the key layout of a run, and the learner ids both check."""
 
 from gradientmail.records import keys
+from gradientmail.records.ids import check_learner_id, default_learner_id
 from gradientmail.records.models import (
+    REJECTION_REASONS,
     SCHEMA_VERSION,
     Contribution,
     Lease,
@@ -11,10 +13,9 @@ from gradientmail.records.models import (
     PayloadRef,
     Record,
     Rejection,
+    RejectionReason,
     RoundRecord,
     RoundTiming,
-    TensorSpec,
-    check_learner_id,
 )
 
 __all__ = [
@@ -25,11 +26,13 @@ __all__ = [
     "ParameterSpec",
     "Contribution",
     "PayloadRef",
-    "TensorSpec",
     "RoundRecord",
     "Participant",
     "Rejection",
+    "RejectionReason",
+    "REJECTION_REASONS",
     "RoundTiming",
     "Lease",
     "check_learner_id",
+    "default_learner_id",
 ]

@@ -9,7 +9,7 @@ zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Ke
     fragments/{f:04d}/versions/{v:010d}/outer-{w}.{a}.safetensors    immutable, attempt-unique
     fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.safetensors   immutable, learner
     fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.json          create-once, learner
-    leases/learners/{learner}.json                           mutable (compare-and-swap)
+    leases/learners/{learner}.json                           mutable (plain put by its learner)
     leases/syncer.json                                       mutable (compare-and-swap), election
 """
 
@@ -19,15 +19,7 @@ import re
 from dataclasses import dataclass
 
 from gradientmail.errors import InvalidKey
-from gradientmail.records.models import check_learner_id as _check_id
-
-def check_learner_id(value: str) -> str:
-    """The id, or ``InvalidKey`` if it could not be a path segment of ours."""
-    try:
-        return _check_id(value)
-    except ValueError as exc:
-        raise InvalidKey(str(exc)) from None
-
+from gradientmail.records.ids import check_learner_id
 
 MANIFEST = "manifest.json"
 SYNCER_LEASE = "leases/syncer.json"
@@ -68,7 +60,12 @@ def _attempt(attempt: str) -> str:
 
 def contributions_prefix(fragment: int, base_version: int) -> str:
     """Where contributions against ``base_version`` of ``fragment`` are listed."""
-    return f"{fragment_root(fragment)}contributions/{base_version:010d}/"
+    return f"{contributions_root(fragment)}{base_version:010d}/"
+
+
+def contributions_root(fragment: int) -> str:
+    """Where contributions of ``fragment`` against any base version are listed."""
+    return f"{fragment_root(fragment)}contributions/"
 
 
 def contribution_record(fragment: int, base_version: int, learner: str, sequence: int) -> str:
@@ -91,10 +88,20 @@ class RoundKey:
 
 @dataclass(frozen=True)
 class ContributionKey:
+    """One contribution: its record and its payload share everything but the suffix."""
+
     fragment: int
     base_version: int
     learner: str
     sequence: int
+
+    @property
+    def record(self) -> str:
+        return contribution_record(self.fragment, self.base_version, self.learner, self.sequence)
+
+    @property
+    def blob(self) -> str:
+        return contribution_blob(self.fragment, self.base_version, self.learner, self.sequence)
 
 
 def parse_round_record(key: str) -> RoundKey | None:

@@ -8,16 +8,18 @@ the problem. Records are immutable (frozen) once built.
 from __future__ import annotations
 
 import json
+import math
 import re
+import typing
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gradientmail.errors import InvalidRecord
+from gradientmail.records.ids import check_learner_id
 
-SCHEMA_VERSION = 1
-LEARNER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SCHEMA_VERSION: Literal[1] = 1
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
 """A record larger than this is refused before parsing (records are metadata, not tensors)."""
@@ -28,13 +30,6 @@ RecordT = TypeVar("RecordT", bound="Record")
 def utc_now() -> str:
     """Wall-clock time for humans reading records; never used to judge expiry."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def check_learner_id(value: str) -> str:
-    """A learner/node id: 1–64 of letters, digits, ``._-``, not starting with ``.`` (no paths)."""
-    if not isinstance(value, str) or not LEARNER_ID.match(value):
-        raise ValueError(f"{value!r} is not a valid id: use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    return value
 
 
 LearnerId = Annotated[str, AfterValidator(check_learner_id)]
@@ -69,9 +64,7 @@ class Record(BaseModel):
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors()
-            )
+            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors())
             raise InvalidRecord(f"malformed {cls.record_type} record: {problems}") from None
 
 
@@ -82,6 +75,11 @@ class ParameterSpec(BaseModel):
     name: str = Field(min_length=1, max_length=512)
     shape: tuple[int, ...]
     dtype: str
+
+    @property
+    def numel(self) -> int:
+        """Elements in the tensor."""
+        return math.prod(self.shape)
 
     @field_validator("shape")
     @classmethod
@@ -103,7 +101,6 @@ class Manifest(Record):
     created_by: LearnerId
     created_at: str = Field(default_factory=utc_now)
 
-
     @field_validator("plan")
     @classmethod
     def _plan_is_partition(cls, plan: tuple[tuple[str, ...], ...], info: Any) -> tuple[tuple[str, ...], ...]:
@@ -116,15 +113,6 @@ class Manifest(Record):
             if any(not fragment for fragment in plan):
                 raise ValueError("every fragment must hold at least one parameter")
         return plan
-
-
-class TensorSpec(BaseModel):
-    """Name, shape and dtype of one tensor inside a payload."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
 
 
 class PayloadRef(BaseModel):
@@ -153,15 +141,11 @@ class Contribution(Record):
     steps: int = Field(ge=0)
     samples: int = Field(ge=0)
     payload: PayloadRef
-    dtype: str
-    """dtype the delta travels in (``delta_dtype`` or the parameters' own)."""
-    tensors: tuple[TensorSpec, ...] = ()
     final: bool = False
     """Published on close (flush): a round made only of final contributions skips momentum."""
     step_time_s: float | None = Field(default=None, ge=0)
     """The learner's smoothed seconds per local step, for the grace window."""
     created_at: str = Field(default_factory=utc_now)
-
 
 
 class Participant(BaseModel):
@@ -174,12 +158,19 @@ class Participant(BaseModel):
     weight: float
 
 
+RejectionReason = Literal[
+    "stale", "zero_steps", "incompatible", "non_finite", "corrupt", "duplicate", "invalid_counts", "malformed"
+]
+"""Why a contribution took no part in a round; the one list (docs/protocol.md explains each)."""
+REJECTION_REASONS: tuple[RejectionReason, ...] = typing.get_args(RejectionReason)
+
+
 class Rejection(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     learner: str
     """As named by the contribution's key (may be unparseable: that is why it was rejected)."""
     contribution: str
-    reason: Literal["stale", "zero_steps", "incompatible", "non_finite", "corrupt", "duplicate", "invalid_counts", "malformed"]
+    reason: RejectionReason
     detail: str = ""
 
 
@@ -216,9 +207,9 @@ class RoundRecord(Record):
     created_at: str = Field(default_factory=utc_now)
 
 
-
 class Lease(Record):
-    """A liveness claim, renewed by compare-and-swap.
+    """A liveness claim: the syncer's lease is renewed by compare-and-swap, a learner's own
+    lease by plain puts (its id is its own; a restarted learner takes it over).
 
     Expiry is judged by observers on their own monotonic clocks: a lease whose
     ``sequence`` has not changed for ``ttl_s`` seconds of the observer's time is expired.
@@ -235,4 +226,3 @@ class Lease(Record):
     """Set by a holder that leaves cleanly, so others need not wait for the TTL."""
     info: dict[str, Any] = Field(default_factory=dict)
     renewed_at: str = Field(default_factory=utc_now)
-

@@ -18,7 +18,9 @@ from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend
 from gradientmail.errors import RunConfigMismatch
 from gradientmail.records import Manifest, ParameterSpec
-from gradientmail.store.run_store import RunStore
+from gradientmail.store import RunSpec, RunStore
+
+__all__ = ["differences", "join_run", "model_signature", "proposed_manifest"]
 
 
 def model_signature(backend: Backend, model: Any) -> tuple[ParameterSpec, ...]:
@@ -31,7 +33,7 @@ def model_signature(backend: Backend, model: Any) -> tuple[ParameterSpec, ...]:
 
 def proposed_manifest(backend: Backend, model: Any, algorithm: DiLoCo, learner_id: str) -> Manifest:
     signature = model_signature(backend, model)
-    sizes = [(spec.name, _numel(spec.shape)) for spec in signature]
+    sizes = [(spec.name, spec.numel) for spec in signature]
     plan = plan_fragments(sizes, algorithm.fragments)
     return Manifest(
         run_id=uuid.uuid4().hex,
@@ -68,13 +70,12 @@ def differences(manifest: Manifest, algorithm: DiLoCo, signature: tuple[Paramete
     return found
 
 
-def join_run(store: RunStore, model: Any, algorithm: DiLoCo, learner_id: str) -> tuple[Manifest, bool]:
-    """The run's manifest (created if absent) and whether this learner created it.
+def join_run(store: RunStore, backend: Backend, model: Any, algorithm: DiLoCo, learner_id: str) -> tuple[RunSpec, bool]:
+    """The run's view (its manifest created if absent) and whether this learner created it.
 
     Raises ``RunConfigMismatch`` when the run differs from this node. Initialises any
     fragment without version 0 from this model's parameters.
     """
-    backend = store.backend
     proposal = proposed_manifest(backend, model, algorithm, learner_id)
     manifest = store.read_manifest()
     created = False
@@ -86,19 +87,17 @@ def join_run(store: RunStore, model: Any, algorithm: DiLoCo, learner_id: str) ->
     for fragment, names in enumerate(manifest.plan):
         if store.newest_version(fragment) is None:
             params = backend.read_parameters(model, names)
+            state = OuterState.zeros(backend, params).to_tensors()
             store.commit_version(
-                fragment, 0, params, OuterState.zeros(backend, params).to_tensors(), writer=learner_id,
-                merge=algorithm.merge.to_manifest(), outer_lr=algorithm.outer_lr,
-                outer_momentum=algorithm.outer_momentum, term=0,
+                fragment,
+                0,
+                {n: backend.to_numpy(t) for n, t in params.items()},
+                {n: backend.to_numpy(t) for n, t in state.items()},
+                algorithm=algorithm,
+                committed_by=learner_id,
+                term=0,
             )
-    return manifest, created
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return RunSpec.from_manifest(manifest), created
 
 
 def _some(names: list[str], limit: int = 5) -> str:

@@ -1,6 +1,19 @@
-"""Typed access to a run in a mailbox (records, verified blobs) and leases."""
+"""The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
-from gradientmail.store.leases import LeaseObserver, LearnerLease, live_learners, read_lease
-from gradientmail.store.run_store import RunStore, TensorShape, check_tensors, sha256_hex
+from gradientmail.store.leases import LearnerLease, LeaseObserver, live_learners
+from gradientmail.store.run_store import Arrays, CommittedVersion, ContributionCounts, RunStore, check_tensors, sha256_hex
+from gradientmail.store.spec import RunSpec, TensorShape
 
-__all__ = ["RunStore", "TensorShape", "check_tensors", "sha256_hex", "LeaseObserver", "LearnerLease", "live_learners", "read_lease"]
+__all__ = [
+    "Arrays",
+    "CommittedVersion",
+    "ContributionCounts",
+    "RunSpec",
+    "RunStore",
+    "TensorShape",
+    "check_tensors",
+    "sha256_hex",
+    "LeaseObserver",
+    "LearnerLease",
+    "live_learners",
+]

@@ -12,9 +12,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gradientmail.errors import InvalidRecord, KeyNotFound
-from gradientmail.mailbox import Mailbox
 from gradientmail.records import Lease, keys
+from gradientmail.store.run_store import RunStore
+
+__all__ = ["Clock", "LeaseObserver", "LearnerLease", "live_learners"]
 
 Clock = Callable[[], float]
 
@@ -45,23 +46,11 @@ class LeaseObserver:
         return 0.0 if sighting is None else self._clock() - sighting.first_seen
 
 
-def read_lease(mailbox: Mailbox, key: str) -> tuple[Lease, str] | None:
-    """The lease and its version token, or None if absent or unreadable."""
-    try:
-        data, token = mailbox.get_versioned(key)
-    except KeyNotFound:
-        return None
-    try:
-        return Lease.from_json(data), token
-    except InvalidRecord:
-        return None
-
-
-def live_learners(mailbox: Mailbox, observer: LeaseObserver) -> dict[str, Lease]:
+def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
     """Learners whose lease has not expired in ``observer``'s judgement."""
     live: dict[str, Lease] = {}
-    for key in mailbox.list(keys.LEARNER_LEASES):
-        found = read_lease(mailbox, key)
+    for key in store.learner_lease_keys():
+        found = store.read_lease(key)
         if found is None:
             continue
         lease, token = found
@@ -73,19 +62,22 @@ def live_learners(mailbox: Mailbox, observer: LeaseObserver) -> dict[str, Lease]
 class LearnerLease:
     """A learner's own lease: written with plain puts (its id is its own, a restart takes it over)."""
 
-    def __init__(self, mailbox: Mailbox, learner: str, ttl_s: float) -> None:
-        self._mailbox = mailbox
+    def __init__(self, store: RunStore, learner: str, ttl_s: float) -> None:
+        self._store = store
         self._key = keys.learner_lease(learner)
         self._learner = learner
         self._ttl_s = ttl_s
         self._sequence = 0
 
-    def renew(self, **info: object) -> None:
-        self._sequence += 1
-        lease = Lease(kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, info=dict(info))
-        self._mailbox.put(self._key, lease.to_json())
+    def renew(self, info: dict[str, object]) -> None:
+        self._write(released=False, info=info)
 
     def release(self) -> None:
+        self._write(released=True, info={})
+
+    def _write(self, *, released: bool, info: dict[str, object]) -> None:
         self._sequence += 1
-        lease = Lease(kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=True)
-        self._mailbox.put(self._key, lease.to_json())
+        lease = Lease(
+            kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
+        )
+        self._store.put_lease(self._key, lease)

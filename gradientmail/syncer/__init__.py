@@ -2,7 +2,17 @@
 
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.rounds import RunSpec, apply_round, load_version, replay_round, validate
-from gradientmail.syncer.runtime import SyncerOptions, SyncerRuntime
+from gradientmail.syncer.rounds import Accepted, Base, apply_round, load_base, replay_round, validate
+from gradientmail.syncer.runtime import SyncerRuntime
 
-__all__ = ["Election", "GraceEstimator", "RunSpec", "apply_round", "load_version", "replay_round", "validate", "SyncerOptions", "SyncerRuntime"]
+__all__ = [
+    "Accepted",
+    "Base",
+    "Election",
+    "GraceEstimator",
+    "SyncerRuntime",
+    "apply_round",
+    "load_base",
+    "replay_round",
+    "validate",
+]

@@ -18,13 +18,16 @@ are create-once); it only keeps one node doing the work.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
-from gradientmail.mailbox import Mailbox
 from gradientmail.records import Lease, keys
-from gradientmail.store.leases import Clock, LeaseObserver, read_lease
+from gradientmail.store import RunStore
+from gradientmail.store.leases import Clock, LeaseObserver
+
+__all__ = ["Election"]
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +35,8 @@ log = logging.getLogger(__name__)
 class Election:
     """This node's view of who holds the syncer lease; ``poll()`` advances it."""
 
-    def __init__(self, mailbox: Mailbox, node_id: str, ttl_s: float, clock: Clock = time.monotonic) -> None:
-        self._mailbox = mailbox
+    def __init__(self, store: RunStore, node_id: str, ttl_s: float, clock: Clock = time.monotonic) -> None:
+        self._store = store
         self.node_id = node_id
         self.ttl_s = ttl_s
         self._clock = clock
@@ -60,9 +63,9 @@ class Election:
             self._token = None
         if self._token is not None:
             if self._clock() - self._renewed_at >= self.ttl_s / 3:
-                self._write(self.term, takeover=False)
+                self._renew()
             return self.is_leader
-        found = read_lease(self._mailbox, keys.SYNCER_LEASE)
+        found = self._store.read_lease(keys.SYNCER_LEASE)
         if found is None:
             self._create()
             return self.is_leader
@@ -83,10 +86,8 @@ class Election:
         if self._token is None:
             return
         lease = self._lease(self.term, released=True)
-        try:
-            self._mailbox.swap(keys.SYNCER_LEASE, lease.to_json(), self._token)
-        except (VersionConflict, KeyNotFound):
-            pass
+        with contextlib.suppress(VersionConflict, KeyNotFound):  # deposed already: nothing to release
+            self._store.swap_lease(keys.SYNCER_LEASE, lease, self._token)
         self._token = None
 
     def _lease(self, term: int, released: bool = False) -> Lease:
@@ -95,25 +96,26 @@ class Election:
 
     def _create(self) -> None:
         try:
-            self._token = self._mailbox.create(keys.SYNCER_LEASE, self._lease(1).to_json())
+            self._token = self._store.create_lease(keys.SYNCER_LEASE, self._lease(1))
         except RecordExists:
             return
         self._won(1, takeover=False)
 
     def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
         try:
-            self._token = self._mailbox.swap(keys.SYNCER_LEASE, self._lease(term).to_json(), expected)
+            self._token = self._store.swap_lease(keys.SYNCER_LEASE, self._lease(term), expected)
         except (VersionConflict, KeyNotFound):
             return
         self._won(term, takeover=takeover)
 
-    def _write(self, term: int, *, takeover: bool) -> None:
-        assert self._token is not None
+    def _renew(self) -> None:
+        if self._token is None:
+            return
         try:
-            self._token = self._mailbox.swap(keys.SYNCER_LEASE, self._lease(term).to_json(), self._token)
+            self._token = self._store.swap_lease(keys.SYNCER_LEASE, self._lease(self.term), self._token)
             self._renewed_at = self._clock()
         except (VersionConflict, KeyNotFound):
-            log.warning("node %s lost the syncer lease (term %d)", self.node_id, term)
+            log.warning("node %s lost the syncer lease (term %d)", self.node_id, self.term)
             self._token = None
 
     def _won(self, term: int, *, takeover: bool) -> None:

@@ -11,88 +11,71 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.merge import merge_from_manifest, merge_tensors, weight
-from gradientmail.algorithms.outer import NesterovOuter, OuterState
+from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend, Tensor
-from gradientmail.backends.payload import DTYPES
-from gradientmail.errors import ContributionRejected, CorruptPayload, IncompatiblePayload, InvalidRecord, MailboxError
-from gradientmail.records import Contribution, Manifest, Rejection, RoundRecord, keys
-from gradientmail.store.run_store import RunStore, TensorShape
+from gradientmail.errors import (
+    ContributionRejected,
+    CorruptPayload,
+    GradientMailError,
+    IncompatiblePayload,
+    InvalidRecord,
+    MailboxError,
+)
+from gradientmail.records import Contribution, Rejection, RejectionReason, keys
+from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore
 
-PAYLOAD_HEADER_SLACK = 1 << 20
-"""Bytes allowed above the raw tensor bytes for a Safetensors header."""
+__all__ = ["Accepted", "Base", "apply_round", "load_base", "merge_round", "outer_step", "replay_round", "validate"]
 
 
 @dataclass(frozen=True)
-class RunSpec:
-    """What the syncer derives once from the manifest."""
+class Base:
+    """A committed version as the syncer computes with it: tensors of its backend."""
 
-    manifest: Manifest
-    algorithm: DiLoCo
-    fragments: tuple[tuple[str, ...], ...]
-    shapes: Mapping[str, tuple[int, ...]]
-    dtypes: Mapping[str, str]
+    params: dict[str, Tensor]
+    state: OuterState
 
-    @classmethod
-    def from_manifest(cls, manifest: Manifest) -> RunSpec:
-        return cls(
-            manifest=manifest,
-            algorithm=DiLoCo.from_manifest(manifest.algorithm),
-            fragments=manifest.plan,
-            shapes={p.name: tuple(p.shape) for p in manifest.parameters},
-            dtypes={p.name: p.dtype for p in manifest.parameters},
-        )
 
-    def param_specs(self, fragment: int) -> dict[str, TensorShape]:
-        return {n: TensorShape(self.shapes[n], self.dtypes[n]) for n in self.fragments[fragment]}
+def load_base(backend: Backend, committed: CommittedVersion) -> Base:
+    return Base(_tensors(backend, committed.params), OuterState.from_tensors(_tensors(backend, committed.outer_state)))
 
-    def delta_specs(self, fragment: int) -> dict[str, TensorShape]:
-        wanted = self.algorithm.delta_dtype
-        return {n: TensorShape(self.shapes[n], wanted or self.dtypes[n]) for n in self.fragments[fragment]}
 
-    def max_payload_bytes(self, fragment: int) -> int:
-        total = 0
-        for name, spec in self.delta_specs(fragment).items():
-            count = 1
-            for dim in spec.shape:
-                count *= dim
-            total += count * DTYPES[spec.dtype or "float64"][1].itemsize
-        return total + PAYLOAD_HEADER_SLACK
+def _tensors(backend: Backend, arrays: Arrays) -> dict[str, Tensor]:
+    return {name: backend.from_numpy(array) for name, array in arrays.items()}
 
 
 @dataclass
 class Accepted:
-    key: str
+    key: keys.ContributionKey
     contribution: Contribution
     delta: dict[str, Tensor]
     weight: float
 
 
 def validate(
-    store: RunStore, spec: RunSpec, fragment: int, base_version: int, key: str, learner_from_key: str
+    store: RunStore, backend: Backend, spec: RunSpec, base_version: int, key: keys.ContributionKey
 ) -> Accepted | Rejection:
     """Accept a contribution for ``base_version`` or say why not (the reason codes of the protocol)."""
 
-    def reject(reason: str, detail: str) -> Rejection:
-        return Rejection(learner=learner_from_key, contribution=key, reason=reason, detail=detail[:500])
+    def reject(reason: RejectionReason, detail: str) -> Rejection:
+        return Rejection(learner=key.learner, contribution=key.record, reason=reason, detail=detail[:500])
 
     try:
         contribution = store.read_contribution(key)
     except InvalidRecord as exc:
         return reject("malformed", str(exc))
-    if contribution.learner != learner_from_key or contribution.fragment != fragment:
+    if contribution.learner != key.learner or contribution.fragment != key.fragment:
         return reject("malformed", f"record names learner {contribution.learner!r} fragment {contribution.fragment}")
     if contribution.anchor_version != base_version:
         return reject("stale", f"based on version {contribution.anchor_version}, current is {base_version}")
     try:
         contribution_weight = weight(contribution.steps, contribution.samples)
     except ContributionRejected as exc:
-        return reject(exc.reason, str(exc))
-    if contribution.payload.size_bytes > spec.max_payload_bytes(fragment):
+        return reject("zero_steps" if exc.reason == "zero_steps" else "invalid_counts", str(exc))
+    if contribution.payload.size_bytes > spec.max_payload_bytes(key.fragment):
         return reject("corrupt", f"payload of {contribution.payload.size_bytes} bytes exceeds the fragment's bound")
     try:
-        delta = store.read_tensors(contribution.payload, spec.delta_specs(fragment))
+        delta = _tensors(backend, store.read_delta(spec, contribution))
     except CorruptPayload as exc:
         return reject("corrupt", str(exc))
     except IncompatiblePayload as exc:
@@ -102,21 +85,17 @@ def validate(
             raise
         return reject("corrupt", f"payload unreadable: {exc}")
     for name, tensor in delta.items():
-        if not store.backend.all_finite(tensor):
+        if not backend.all_finite(tensor):
             return reject("non_finite", f"{name} holds NaN or infinite values")
     return Accepted(key, contribution, delta, contribution_weight)
 
 
 def apply_round(
-    backend: Backend,
-    spec: RunSpec,
-    base_params: Mapping[str, Tensor],
-    base_state: OuterState,
-    accepted: Sequence[Accepted],
+    backend: Backend, spec: RunSpec, base: Base, accepted: Sequence[Accepted]
 ) -> tuple[dict[str, Tensor], OuterState, bool]:
     """Merge the accepted deltas and take the outer step: new params, new state, final flag."""
     merged, final = merge_round(backend, spec, accepted)
-    params, state = outer_step(backend, spec, base_params, base_state, merged, final)
+    params, state = outer_step(backend, spec, base, merged, final)
     return params, state, final
 
 
@@ -127,37 +106,33 @@ def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -
 
 
 def outer_step(
-    backend: Backend, spec: RunSpec, base_params: Mapping[str, Tensor], base_state: OuterState,
-    merged: Mapping[str, Tensor], final: bool,
+    backend: Backend, spec: RunSpec, base: Base, merged: Mapping[str, Tensor], final: bool
 ) -> tuple[dict[str, Tensor], OuterState]:
     """The second half of ``apply_round``: the Nesterov outer step on the merged delta."""
-    outer = NesterovOuter(lr=spec.algorithm.outer_lr, momentum=spec.algorithm.outer_momentum)
-    return outer.step(backend, base_params, base_state, merged, final=final)
+    return spec.algorithm.outer.step(backend, base.params, base.state, merged, final=final)
 
 
-def load_version(store: RunStore, spec: RunSpec, fragment: int, version: int) -> tuple[RoundRecord, dict[str, Tensor], OuterState]:
-    """A committed version's record, parameters and outer state, verified."""
-    record = store.read_round(fragment, version)
-    params = store.read_tensors(record.params, spec.param_specs(fragment))
-    state = OuterState.from_tensors(store.read_tensors(record.outer_state))
-    return record, params, state
+def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> dict[str, Tensor]:
+    """Recompute ``version`` from ``version − 1`` and the participants its record lists (INV-4).
 
-
-def replay_round(store: RunStore, spec: RunSpec, fragment: int, version: int) -> dict[str, Tensor]:
-    """Recompute ``version`` from ``version − 1`` and the participants its record lists."""
+    Raises:
+        GradientMailError: version 0 (it has no inputs); ``CorruptPayload`` when a participant
+            no longer validates or the record's merge is not the manifest's.
+    """
     record = store.read_round(fragment, version)
     if record.base_version is None:
-        raise ValueError("version 0 has no inputs to replay")
-    _, base_params, base_state = load_version(store, spec, fragment, record.base_version)
+        raise GradientMailError(f"fragment {fragment} version {version} has no inputs to replay (it initialised the fragment)")
+    base = load_base(backend, store.load_version(spec, fragment, record.base_version))
     accepted = []
     for participant in record.participants:
-        parsed = keys.parse_contribution_record(participant.contribution)
-        learner = parsed.learner if parsed else participant.learner
-        outcome = validate(store, spec, fragment, record.base_version, participant.contribution, learner)
+        key = keys.parse_contribution_record(participant.contribution)
+        if key is None:
+            raise CorruptPayload(f"participant {participant.contribution!r} is not a contribution key")
+        outcome = validate(store, backend, spec, record.base_version, key)
         if not isinstance(outcome, Accepted):
             raise CorruptPayload(f"participant {participant.contribution} no longer validates: {outcome.reason}")
         accepted.append(outcome)
     if merge_from_manifest(record.merge) != spec.algorithm.merge:
         raise CorruptPayload("the round record's merge differs from the manifest's")
-    params, _, _ = apply_round(store.backend, spec, base_params, base_state, accepted)
+    params, _, _ = apply_round(backend, spec, base, accepted)
     return params

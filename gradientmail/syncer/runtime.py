@@ -15,31 +15,23 @@ A node that loses the create-once race drops its result and reloads; it never ov
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gradientmail.algorithms.outer import OuterState
-from gradientmail.backends import Tensor
+from gradientmail.backends import Backend
 from gradientmail.errors import GradientMailError, KeyNotFound
+from gradientmail.polling import PollingLoop
 from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
-from gradientmail.store.leases import LeaseObserver, live_learners
-from gradientmail.store.run_store import RunStore
+from gradientmail.store import LeaseObserver, RunSpec, RunStore, live_learners
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.rounds import Accepted, RunSpec, load_version, merge_round, outer_step, validate
+from gradientmail.syncer.rounds import Accepted, Base, load_base, merge_round, outer_step, validate
 from gradientmail.telemetry import hooks as telemetry
 
+__all__ = ["SyncerRuntime"]
+
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SyncerOptions:
-    lease_ttl_s: float = 10.0
-    """Seconds the syncer lease may stay unrenewed before another node takes over."""
-    poll_interval_s: float = 0.2
-    """Seconds between two passes over the mailbox."""
 
 
 @dataclass
@@ -67,12 +59,8 @@ class OpenRound:
 class FragmentView:
     version: int
     record: RoundRecord
-    params: dict[str, Tensor]
-    state: OuterState
+    base: Base
     round: OpenRound
-
-
-RoundListener = Callable[[RoundRecord], None]
 
 
 class SyncerRuntime:
@@ -81,74 +69,56 @@ class SyncerRuntime:
     def __init__(
         self,
         store: RunStore,
+        backend: Backend,
         spec: RunSpec,
         node_id: str,
-        options: SyncerOptions = SyncerOptions(),
+        *,
+        lease_ttl_s: float,
+        poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
+        self.backend = backend
         self.spec = spec
         self.node_id = node_id
-        self.options = options
         self._clock = clock
-        self.election = Election(store.mailbox, node_id, options.lease_ttl_s, clock)
+        self.election = Election(store, node_id, lease_ttl_s, clock)
         self._observer = LeaseObserver(clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
-        self._grace = [
-            GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments
-        ]
+        self._grace = [GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.listeners: list[RoundListener] = []
+        self._loop = PollingLoop(f"gm-syncer-{node_id}", self.run_once, poll_interval_s)
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
         self.learner_leases_expired = 0
         """Learner leases this node saw expire unreleased (every node watches them all; for telemetry)."""
-        self.last_error: BaseException | None = None
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"gm-syncer-{self.node_id}", daemon=True)
-        self._thread.start()
+        self._loop.start()
         telemetry.attach_syncer(self)
 
     def stop(self, resign: bool = True) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+        self._loop.stop()
         if resign:
             try:
                 self.election.resign()
             except GradientMailError as exc:
                 log.warning("could not release the syncer lease: %s", exc)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once()
-            except GradientMailError as exc:  # the store hiccuped: try again next poll
-                self.last_error = exc
-                log.warning("syncer pass failed on node %s: %s", self.node_id, exc)
-            except Exception as exc:  # never let the thread die silently
-                self.last_error = exc
-                log.exception("syncer pass crashed on node %s", self.node_id)
-            self._stop.wait(self.options.poll_interval_s)
-
     # -- one pass ------------------------------------------------------------------
     def run_once(self) -> None:
         """One pass: election, live learners, and (if elected) every fragment's round."""
         leader = self.election.poll()
-        previous, self.live = self.live, live_learners(self.store.mailbox, self._observer)
+        previous, self.live = self.live, live_learners(self.store, self._observer)
         self._count_expired(previous)
         if not leader:
             self._views.clear()  # a future term recovers from the mailbox alone
             return
         for fragment in range(len(self.spec.fragments)):
-            if self._stop.is_set() or not self.election.is_leader:
+            if self._loop.stopping or not self.election.is_leader:
                 return
             self._advance(fragment)
 
@@ -158,8 +128,10 @@ class SyncerRuntime:
         if newest is None:
             return  # not initialised yet by the first learner
         if view is None or newest > view.version:
-            record, params, state = load_version(self.store, self.spec, fragment, newest)
-            view = FragmentView(newest, record, params, state, OpenRound(newest, opened_at=self._clock()))
+            committed = self.store.load_version(self.spec, fragment, newest)
+            view = FragmentView(
+                newest, committed.record, load_base(self.backend, committed), OpenRound(newest, opened_at=self._clock())
+            )
             self._views[fragment] = view
         self._collect(fragment, view)
         current = view.round
@@ -181,37 +153,44 @@ class SyncerRuntime:
 
     def _collect(self, fragment: int, view: FragmentView) -> None:
         current = view.round
-        for key, parsed in self.store.contribution_records(fragment):
-            if key in current.seen or parsed.base_version > view.version:
+        for key in self.store.contributions(fragment):
+            if key.record in current.seen or key.base_version > view.version:
                 continue  # a newer base means our view lags; the next pass reloads
-            current.seen.add(key)
-            if parsed.base_version < view.version:
-                self._old_contribution(fragment, key, parsed, view)
+            current.seen.add(key.record)
+            if key.base_version < view.version:
+                self._old_contribution(fragment, key, view)
                 continue
             started = self._clock()
-            outcome = validate(self.store, self.spec, fragment, view.version, key, parsed.learner)
+            outcome = validate(self.store, self.backend, self.spec, view.version, key)
             current.fetch_s += self._clock() - started
             if isinstance(outcome, Rejection):
                 current.rejected.append(outcome)
             elif outcome.contribution.learner in current.learners:
                 current.rejected.append(
-                    Rejection(learner=parsed.learner, contribution=key, reason="duplicate", detail="second contribution against this version")
+                    Rejection(
+                        learner=key.learner,
+                        contribution=key.record,
+                        reason="duplicate",
+                        detail="second contribution against this version",
+                    )
                 )
             else:
                 current.accepted.append(outcome)
                 if current.first_seen_at is None:
                     current.first_seen_at = self._clock()
 
-    def _old_contribution(self, fragment: int, key: str, parsed: keys.ContributionKey, view: FragmentView) -> None:
+    def _old_contribution(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> None:
         """A contribution against an older version: garbage once merged, else stale."""
-        if key in self._keys_listed_by(fragment, parsed.base_version + 1):
-            if parsed.base_version + 1 < view.version:  # keep the newest round's inputs for replay
-                self._delete_contribution(key)
+        if key.record in self._keys_listed_by(fragment, key.base_version + 1):
+            if key.base_version + 1 < view.version:  # keep the newest round's inputs for replay
+                self.store.delete_contribution(key)
             return
         view.round.rejected.append(
             Rejection(
-                learner=parsed.learner, contribution=key, reason="stale",
-                detail=f"based on version {parsed.base_version}, current is {view.version}",
+                learner=key.learner,
+                contribution=key.record,
+                reason="stale",
+                detail=f"based on version {key.base_version}, current is {view.version}",
             )
         )
 
@@ -226,22 +205,20 @@ class SyncerRuntime:
             self._referenced[(fragment, version)] = cached
         return cached
 
-    def _delete_contribution(self, key: str) -> None:
-        self.store.mailbox.delete(key.removesuffix(".json") + ".safetensors")
-        self.store.mailbox.delete(key)
-
     def _close(self, fragment: int, view: FragmentView) -> None:
         current = view.round
         started = self._clock()
-        merged, final = merge_round(self.store.backend, self.spec, current.accepted)
+        merged, final = merge_round(self.backend, self.spec, current.accepted)
         merged_at = self._clock()
-        params, state = outer_step(self.store.backend, self.spec, view.params, view.state, merged, final)
+        params, state = outer_step(self.backend, self.spec, view.base, merged, final)
         stepped_at = self._clock()
-        algorithm = self.spec.algorithm
         participants = tuple(
             Participant(
-                learner=a.contribution.learner, contribution=a.key, steps=a.contribution.steps,
-                samples=a.contribution.samples, weight=a.weight,
+                learner=a.contribution.learner,
+                contribution=a.key.record,
+                steps=a.contribution.steps,
+                samples=a.contribution.samples,
+                weight=a.weight,
             )
             for a in current.accepted
         )
@@ -249,18 +226,18 @@ class SyncerRuntime:
         record = self.store.commit_version(
             fragment,
             view.version + 1,
-            params,
-            state.to_tensors(),
-            writer=self.node_id,
+            {name: self.backend.to_numpy(tensor) for name, tensor in params.items()},
+            {name: self.backend.to_numpy(tensor) for name, tensor in state.to_tensors().items()},
+            algorithm=self.spec.algorithm,
+            committed_by=self.node_id,
+            term=self.election.term,
             base_version=view.version,
             participants=participants,
             rejected=tuple(current.rejected),
-            merge=algorithm.merge.to_manifest(),
-            outer_lr=algorithm.outer_lr,
-            outer_momentum=algorithm.outer_momentum,
             final=final,
-            term=self.election.term,
-            timing=RoundTiming(quorum_wait_s=quorum_wait, grace_s=current.grace_s, sync_s=current.fetch_s + self._clock() - started),
+            timing=RoundTiming(
+                quorum_wait_s=quorum_wait, grace_s=current.grace_s, sync_s=current.fetch_s + self._clock() - started
+            ),
         )
         committed_at = self._clock()
         if record is None:
@@ -274,17 +251,31 @@ class SyncerRuntime:
             [p.contribution for p in participants] + [r.contribution for r in current.rejected]
         )
         for rejection in current.rejected:
-            if rejection.reason == "stale":
-                self._delete_contribution(rejection.contribution)
-        self._views[fragment] = FragmentView(record.version, record, params, state, OpenRound(record.version, opened_at=committed_at))
-        for listener in self.listeners:
-            listener(record)
-        telemetry.round_committed(self, fragment, record, telemetry.RoundPhases(
-            opened_at=current.opened_at, first_seen_at=current.first_seen_at or started, quorum_at=current.quorum_at or started,
-            closing_at=started, merged_at=merged_at, stepped_at=stepped_at, committed_at=committed_at, now=self._clock(),
-            grace_window_s=current.grace_s, grace_contributions=len(current.accepted) - current.accepted_at_quorum,
-            fetch_s=current.fetch_s, fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
-        ))
+            stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
+            if stale is not None:
+                self.store.delete_contribution(stale)
+        self._views[fragment] = FragmentView(
+            record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at)
+        )
+        telemetry.round_committed(
+            self,
+            fragment,
+            record,
+            telemetry.RoundPhases(
+                opened_at=current.opened_at,
+                first_seen_at=current.first_seen_at or started,
+                quorum_at=current.quorum_at or started,
+                closing_at=started,
+                merged_at=merged_at,
+                stepped_at=stepped_at,
+                committed_at=committed_at,
+                now=self._clock(),
+                grace_window_s=current.grace_s,
+                grace_contributions=len(current.accepted) - current.accepted_at_quorum,
+                fetch_s=current.fetch_s,
+                fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
+            ),
+        )
 
     def committed(self) -> dict[int, RoundRecord]:
         """The newest committed round record of each fragment, as this node tracks it while elected."""

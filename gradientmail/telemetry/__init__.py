@@ -3,8 +3,9 @@
 ::
 
     import gradientmail as gm
-    gm.telemetry.configure(prometheus_port=9464)      # /metrics for Prometheus
-    gm.telemetry.configure(otlp=True)                 # OTLP/HTTP, from OTEL_EXPORTER_OTLP_*
+
+    gm.telemetry.configure(prometheus_port=9464)  # /metrics for Prometheus
+    gm.telemetry.configure(otlp=True)  # OTLP/HTTP, from OTEL_EXPORTER_OTLP_*
 
 The library records through the OpenTelemetry metrics API; learners' step counters are read by
 observable instruments at collection time, so ``session.step()`` costs the same on or off.

@@ -60,61 +60,157 @@ def _spec(name: str, kind: Kind, unit: str, labels: tuple[str, ...], help: str) 
 F, L, N = ("fragment",), ("learner",), ("node",)
 
 # -- the syncer: rounds ------------------------------------------------------------------
-ROUNDS_COMMITTED = _spec("gradientmail.rounds.committed", "counter", "{round}", F,
-                         "Rounds this node committed, per fragment (one per new fragment version).")
-ROUND_DURATION = _spec("gradientmail.round.duration", "histogram", "s", F,
-                       "Seconds from a round opening (previous commit seen) to its commit.")
-ROUND_PHASE_DURATION = _spec("gradientmail.round.phase.duration", "histogram", "s", F + ("phase",),
-                             "Seconds a committed round spent in each phase: collect, quorum_wait, grace, merge, outer_step, commit.")
-GRACE_WINDOW = _spec("gradientmail.round.grace.window", "histogram", "s", F,
-                     "Grace window the syncer chose after quorum (0 when every live learner had reported).")
-GRACE_CONTRIBUTIONS = _spec("gradientmail.round.grace.contributions", "counter", "{contribution}", F,
-                            "Contributions accepted during grace windows, after quorum was reached.")
-ROUND_PARTICIPANTS = _spec("gradientmail.round.participants", "gauge", "{learner}", F,
-                           "Learners merged into the newest round the syncer committed.")
-CONTRIBUTIONS_ACCEPTED = _spec("gradientmail.contributions.accepted", "counter", "{contribution}", F + L,
-                               "Contributions merged into committed rounds, per fragment and learner.")
-CONTRIBUTIONS_REJECTED = _spec("gradientmail.contributions.rejected", "counter", "{contribution}", F + ("reason",),
-                               "Contributions rejected in committed rounds, per fragment and protocol reason.")
-CONTRIBUTION_WEIGHT = _spec("gradientmail.contribution.weight", "gauge", "1", F + L,
-                            "Weight samples^2/steps of each learner's contribution in the newest committed round.")
-CONTRIBUTION_WEIGHT_RATIO = _spec("gradientmail.contribution.weight.ratio", "gauge", "1", F + L,
-                                  "Share of the merge weight each learner had in the newest committed round (sums to 1).")
-SYNCER_FETCHED = _spec("gradientmail.syncer.fetched", "counter", "By", F,
-                       "Payload bytes of contributions merged into committed rounds.")
-SYNCER_PUBLISHED = _spec("gradientmail.syncer.published", "counter", "By", F,
-                         "Bytes of parameters and outer state the syncer committed.")
-FRAGMENT_VERSION = _spec("gradientmail.fragment.version", "gauge", "{version}", F,
-                         "Newest committed version of each fragment, as the elected syncer knows it.")
-LEARNER_VERSION_LAG = _spec("gradientmail.learner.version.lag", "gauge", "{version}", L + F,
-                            "Versions a live learner is behind the newest commit, from its lease as the syncer reads it.")
-LEARNERS_LIVE = _spec("gradientmail.learners.live", "gauge", "{learner}", (),
-                      "Learners whose lease is live in the elected syncer's judgement.")
+ROUNDS_COMMITTED = _spec(
+    "gradientmail.rounds.committed",
+    "counter",
+    "{round}",
+    F,
+    "Rounds this node committed, per fragment (one per new fragment version).",
+)
+ROUND_DURATION = _spec(
+    "gradientmail.round.duration", "histogram", "s", F, "Seconds from a round opening (previous commit seen) to its commit."
+)
+ROUND_PHASE_DURATION = _spec(
+    "gradientmail.round.phase.duration",
+    "histogram",
+    "s",
+    (*F, "phase"),
+    "Seconds a committed round spent in each phase: collect, quorum_wait, grace, merge, outer_step, commit.",
+)
+GRACE_WINDOW = _spec(
+    "gradientmail.round.grace.window",
+    "histogram",
+    "s",
+    F,
+    "Grace window the syncer chose after quorum (0 when every live learner had reported).",
+)
+GRACE_CONTRIBUTIONS = _spec(
+    "gradientmail.round.grace.contributions",
+    "counter",
+    "{contribution}",
+    F,
+    "Contributions accepted during grace windows, after quorum was reached.",
+)
+ROUND_PARTICIPANTS = _spec(
+    "gradientmail.round.participants", "gauge", "{learner}", F, "Learners merged into the newest round the syncer committed."
+)
+CONTRIBUTIONS_ACCEPTED = _spec(
+    "gradientmail.contributions.accepted",
+    "counter",
+    "{contribution}",
+    F + L,
+    "Contributions merged into committed rounds, per fragment and learner.",
+)
+CONTRIBUTIONS_REJECTED = _spec(
+    "gradientmail.contributions.rejected",
+    "counter",
+    "{contribution}",
+    (*F, "reason"),
+    "Contributions rejected in committed rounds, per fragment and protocol reason.",
+)
+CONTRIBUTION_WEIGHT = _spec(
+    "gradientmail.contribution.weight",
+    "gauge",
+    "1",
+    F + L,
+    "Weight samples^2/steps of each learner's contribution in the newest committed round.",
+)
+CONTRIBUTION_WEIGHT_RATIO = _spec(
+    "gradientmail.contribution.weight.ratio",
+    "gauge",
+    "1",
+    F + L,
+    "Share of the merge weight each learner had in the newest committed round (sums to 1).",
+)
+SYNCER_FETCHED = _spec(
+    "gradientmail.syncer.fetched", "counter", "By", F, "Payload bytes of contributions merged into committed rounds."
+)
+SYNCER_PUBLISHED = _spec(
+    "gradientmail.syncer.published", "counter", "By", F, "Bytes of parameters and outer state the syncer committed."
+)
+FRAGMENT_VERSION = _spec(
+    "gradientmail.fragment.version",
+    "gauge",
+    "{version}",
+    F,
+    "Newest committed version of each fragment, as the elected syncer knows it.",
+)
+LEARNER_VERSION_LAG = _spec(
+    "gradientmail.learner.version.lag",
+    "gauge",
+    "{version}",
+    L + F,
+    "Versions a live learner is behind the newest commit, from its lease as the syncer reads it.",
+)
+LEARNERS_LIVE = _spec(
+    "gradientmail.learners.live", "gauge", "{learner}", (), "Learners whose lease is live in the elected syncer's judgement."
+)
 # -- the syncer: leases and election ----------------------------------------------------------
-LEASE_EXPIRATIONS = _spec("gradientmail.lease.expirations", "counter", "{lease}", ("kind",) + N,
-                          "Leases this node saw expire unreleased (a learner or the syncer died or lost the mailbox); every node watches every lease, so aggregate with max, not sum.")
-SYNCER_LEADER = _spec("gradientmail.syncer.leader", "gauge", "1", N,
-                      "1 while this node holds the syncer lease, else 0.")
-SYNCER_TERM = _spec("gradientmail.syncer.term", "gauge", "{term}", N,
-                    "Election term of the syncer lease as this node last saw it.")
-SYNCER_ELECTIONS = _spec("gradientmail.syncer.elections", "counter", "{election}", N,
-                         "Times this node won the syncer lease (first election, takeover or re-taking its own).")
-SYNCER_TAKEOVERS = _spec("gradientmail.syncer.takeovers", "counter", "{election}", N,
-                         "Times this node took the syncer lease over from another holder (expired or released).")
-SYNCER_LOST_RACES = _spec("gradientmail.syncer.lost_races", "counter", "{round}", N,
-                          "Rounds this node merged but another syncer committed first (create-once refused).")
+LEASE_EXPIRATIONS = _spec(
+    "gradientmail.lease.expirations",
+    "counter",
+    "{lease}",
+    ("kind", *N),
+    "Leases this node saw expire unreleased (a learner or the syncer died or lost the mailbox); "
+    "every node watches every lease, so aggregate with max, not sum.",
+)
+SYNCER_LEADER = _spec("gradientmail.syncer.leader", "gauge", "1", N, "1 while this node holds the syncer lease, else 0.")
+SYNCER_TERM = _spec(
+    "gradientmail.syncer.term", "gauge", "{term}", N, "Election term of the syncer lease as this node last saw it."
+)
+SYNCER_ELECTIONS = _spec(
+    "gradientmail.syncer.elections",
+    "counter",
+    "{election}",
+    N,
+    "Times this node won the syncer lease (first election, takeover or re-taking its own).",
+)
+SYNCER_TAKEOVERS = _spec(
+    "gradientmail.syncer.takeovers",
+    "counter",
+    "{election}",
+    N,
+    "Times this node took the syncer lease over from another holder (expired or released).",
+)
+SYNCER_LOST_RACES = _spec(
+    "gradientmail.syncer.lost_races",
+    "counter",
+    "{round}",
+    N,
+    "Rounds this node merged but another syncer committed first (create-once refused).",
+)
 # -- learners ---------------------------------------------------------------------------------
 LEARNER_STEPS = _spec("gradientmail.learner.steps", "counter", "{step}", L, "Local training steps counted by session.step().")
-LEARNER_SAMPLES = _spec("gradientmail.learner.samples", "counter", "{sample}", L, "Samples (or tokens) reported to session.step().")
-LEARNER_BLOCKED = _spec("gradientmail.learner.blocked", "counter", "s", L,
-                        "Seconds session.step() spent blocked waiting for a commit (overlap_steps).")
-LEARNER_CONTRIBUTIONS = _spec("gradientmail.learner.contributions", "counter", "{contribution}", L,
-                              "Contributions (fragment deltas) this learner handed to its exchange for publishing.")
-LEARNER_ALIGNMENTS = _spec("gradientmail.learner.alignments", "counter", "{alignment}", L,
-                           "Committed versions this learner aligned its model with.")
-LEARNER_FRAGMENT_VERSION = _spec("gradientmail.learner.fragment.version", "gauge", "{version}", L + F,
-                                 "Committed version each fragment of this learner's model is aligned with.")
-LEARNER_PUBLISHED = _spec("gradientmail.learner.published", "counter", "By", L, "Contribution payload bytes this learner published.")
+LEARNER_SAMPLES = _spec(
+    "gradientmail.learner.samples", "counter", "{sample}", L, "Samples (or tokens) reported to session.step()."
+)
+LEARNER_BLOCKED = _spec(
+    "gradientmail.learner.blocked",
+    "counter",
+    "s",
+    L,
+    "Seconds session.step() spent blocked waiting for a commit (overlap_steps).",
+)
+LEARNER_CONTRIBUTIONS = _spec(
+    "gradientmail.learner.contributions",
+    "counter",
+    "{contribution}",
+    L,
+    "Contributions (fragment deltas) this learner handed to its exchange for publishing.",
+)
+LEARNER_ALIGNMENTS = _spec(
+    "gradientmail.learner.alignments", "counter", "{alignment}", L, "Committed versions this learner aligned its model with."
+)
+LEARNER_FRAGMENT_VERSION = _spec(
+    "gradientmail.learner.fragment.version",
+    "gauge",
+    "{version}",
+    L + F,
+    "Committed version each fragment of this learner's model is aligned with.",
+)
+LEARNER_PUBLISHED = _spec(
+    "gradientmail.learner.published", "counter", "By", L, "Contribution payload bytes this learner published."
+)
 LEARNER_FETCHED = _spec("gradientmail.learner.fetched", "counter", "By", L, "Committed parameter bytes this learner fetched.")
 
 METRICS: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values()) if isinstance(v, MetricSpec))

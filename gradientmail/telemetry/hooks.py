@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import weakref
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gradientmail.telemetry.catalogue import PHASES
@@ -43,8 +44,16 @@ class RoundPhases:
 
     def durations(self) -> dict[str, float]:
         """Seconds per phase, in order."""
-        edges = (self.opened_at, self.first_seen_at, self.quorum_at, self.closing_at, self.merged_at, self.stepped_at, self.committed_at)
-        return {name: max(0.0, end - start) for name, start, end in zip(PHASES, edges, edges[1:])}
+        edges = (
+            self.opened_at,
+            self.first_seen_at,
+            self.quorum_at,
+            self.closing_at,
+            self.merged_at,
+            self.stepped_at,
+            self.committed_at,
+        )
+        return {name: max(0.0, end - start) for name, (start, end) in zip(PHASES, pairwise(edges), strict=True)}
 
 
 class Recorder(Protocol):

@@ -15,6 +15,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.trace import Tracer
+from opentelemetry.util.types import AttributeValue
 
 from gradientmail.records import RoundRecord
 from gradientmail.telemetry import catalogue as c
@@ -39,18 +40,32 @@ class MetricsRecorder:
         self.rejected = self._counter(c.CONTRIBUTIONS_REJECTED)
         self.syncer_fetched = self._counter(c.SYNCER_FETCHED)
         self.syncer_published = self._counter(c.SYNCER_PUBLISHED)
-        self._observe(c.ROUND_PARTICIPANTS, lambda: (
-            (len(record.participants), _fragment(f)) for f, record in _newest_records().items()))
-        self._observe(c.CONTRIBUTION_WEIGHT, lambda: (
-            (p.weight, {**_fragment(f), "learner": p.learner}) for f, record in _newest_records().items() for p in record.participants))
+        self._observe(
+            c.ROUND_PARTICIPANTS, lambda: ((len(record.participants), _fragment(f)) for f, record in _newest_records().items())
+        )
+        self._observe(
+            c.CONTRIBUTION_WEIGHT,
+            lambda: (
+                (p.weight, {**_fragment(f), "learner": p.learner})
+                for f, record in _newest_records().items()
+                for p in record.participants
+            ),
+        )
         self._observe(c.CONTRIBUTION_WEIGHT_RATIO, _weight_ratios)
         self._observe(c.FRAGMENT_VERSION, lambda: ((record.version, _fragment(f)) for f, record in _newest_records().items()))
         self._observe(c.LEARNER_VERSION_LAG, _version_lags)
         self._observe(c.LEARNERS_LIVE, _live_learners)
-        self._observe(c.LEASE_EXPIRATIONS, lambda: (
-            item for r in hooks.syncers() for item in (
-                (r.learner_leases_expired, {"kind": "learner", "node": r.node_id}),
-                (r.election.leases_expired, {"kind": "syncer", "node": r.node_id}))))
+        self._observe(
+            c.LEASE_EXPIRATIONS,
+            lambda: (
+                item
+                for r in hooks.syncers()
+                for item in (
+                    (r.learner_leases_expired, {"kind": "learner", "node": r.node_id}),
+                    (r.election.leases_expired, {"kind": "syncer", "node": r.node_id}),
+                )
+            ),
+        )
         self._observe(c.SYNCER_LEADER, _per_node(lambda r: int(r.election.is_leader)))
         self._observe(c.SYNCER_TERM, _per_node(lambda r: r.election.term))
         self._observe(c.SYNCER_ELECTIONS, _per_node(lambda r: r.election.elections_won))
@@ -61,8 +76,14 @@ class MetricsRecorder:
         self._observe(c.LEARNER_BLOCKED, _per_learner(lambda s: s.stats.blocked_s))
         self._observe(c.LEARNER_CONTRIBUTIONS, _per_learner(lambda s: s.stats.contributions))
         self._observe(c.LEARNER_ALIGNMENTS, _per_learner(lambda s: s.stats.alignments))
-        self._observe(c.LEARNER_FRAGMENT_VERSION, lambda: (
-            (version, {"learner": s.learner_id, **_fragment(f)}) for s in hooks.sessions() for f, version in enumerate(list(s.stats.versions))))
+        self._observe(
+            c.LEARNER_FRAGMENT_VERSION,
+            lambda: (
+                (version, {"learner": s.learner_id, **_fragment(f)})
+                for s in hooks.sessions()
+                for f, version in enumerate(list(s.stats.versions))
+            ),
+        )
         self._observe(c.LEARNER_PUBLISHED, _per_learner(lambda s: s.bytes_published))
         self._observe(c.LEARNER_FETCHED, _per_learner(lambda s: s.bytes_fetched))
 
@@ -103,20 +124,29 @@ class MetricsRecorder:
         def at(clock_time: float) -> int:
             return wall_ns - int((clock_now - clock_time) * 1e9)
 
-        attributes = {
-            "gradientmail.fragment": fragment, "gradientmail.version": record.version,
-            "gradientmail.base_version": record.base_version or 0, "gradientmail.node": node,
-            "gradientmail.term": record.term, "gradientmail.participants": len(record.participants),
-            "gradientmail.rejected": len(record.rejected), "gradientmail.grace_window_s": phases.grace_window_s,
-            "gradientmail.grace_contributions": phases.grace_contributions, "gradientmail.fetch_s": phases.fetch_s,
+        attributes: dict[str, AttributeValue] = {
+            "gradientmail.fragment": fragment,
+            "gradientmail.version": record.version,
+            "gradientmail.base_version": record.base_version or 0,
+            "gradientmail.node": node,
+            "gradientmail.term": record.term,
+            "gradientmail.participants": len(record.participants),
+            "gradientmail.rejected": len(record.rejected),
+            "gradientmail.grace_window_s": phases.grace_window_s,
+            "gradientmail.grace_contributions": phases.grace_contributions,
+            "gradientmail.fetch_s": phases.fetch_s,
             "gradientmail.final": record.final,
         }
         root = self._tracer.start_span("gradientmail.round", start_time=at(phases.opened_at), attributes=attributes)
         context = trace.set_span_in_context(root)
         start = phases.opened_at
         for phase, seconds in phases.durations().items():
-            child = self._tracer.start_span(f"gradientmail.round.{phase}", context=context, start_time=at(start),
-                                            attributes={"gradientmail.fragment": fragment, "gradientmail.phase": phase})
+            child = self._tracer.start_span(
+                f"gradientmail.round.{phase}",
+                context=context,
+                start_time=at(start),
+                attributes={"gradientmail.fragment": fragment, "gradientmail.phase": phase},
+            )
             start += seconds
             child.end(end_time=at(start))
         root.end(end_time=at(phases.committed_at))
@@ -126,8 +156,9 @@ class MetricsRecorder:
         return self._meter.create_counter(spec.name, unit=spec.unit, description=spec.help)
 
     def _histogram(self, spec: MetricSpec) -> Any:
-        return self._meter.create_histogram(spec.name, unit=spec.unit, description=spec.help,
-                                            explicit_bucket_boundaries_advisory=c.SECONDS_BUCKETS)
+        return self._meter.create_histogram(
+            spec.name, unit=spec.unit, description=spec.help, explicit_bucket_boundaries_advisory=c.SECONDS_BUCKETS
+        )
 
     def _observe(self, spec: MetricSpec, reading: Reading) -> None:
         def callback(options: CallbackOptions) -> list[Observation]:

@@ -38,12 +38,9 @@ class Built:
     server_thread: threading.Thread | None
 
 
-def resource(node: str | None) -> Resource:
+def resource(node: str, version: str) -> Resource:
     """``service.*`` attributes; ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` still apply."""
-    from gradientmail import __version__
-    from gradientmail.session import default_learner_id
-
-    attributes: dict[str, str] = {"service.instance.id": node or default_learner_id(), "service.version": __version__}
+    attributes: dict[str, str] = {"service.instance.id": node, "service.version": version}
     named_elsewhere = os.environ.get("OTEL_SERVICE_NAME") or "service.name=" in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
     if not named_elsewhere:
         attributes["service.name"] = "gradientmail"
@@ -52,7 +49,8 @@ def resource(node: str | None) -> Resource:
 
 def build(
     *,
-    node: str | None,
+    node: str,
+    version: str,
     prometheus_port: int | None,
     prometheus_address: str,
     otlp_metrics: bool,
@@ -60,10 +58,8 @@ def build(
     meter_provider: Any,
     tracer_provider: Any,
 ) -> Built:
-    from gradientmail import __version__
-
     owned: list[Any] = []
-    res = resource(node)
+    res = resource(node, version)
     server = thread = bound = None
     if meter_provider is None:
         readers: list[MetricReader] = []
@@ -75,7 +71,9 @@ def build(
                 server, thread = start_http_server(prometheus_port, addr=prometheus_address, registry=registry)
             except OSError as exc:
                 readers[0].shutdown()
-                raise InvalidConfig("metrics_port", f"cannot serve metrics on {prometheus_address}:{prometheus_port}: {exc}") from None
+                raise InvalidConfig(
+                    "metrics_port", f"cannot serve metrics on {prometheus_address}:{prometheus_port}: {exc}"
+                ) from None
             bound = (prometheus_address, int(server.server_address[1]))
         if otlp_metrics:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
@@ -91,6 +89,6 @@ def build(
         tracer_provider = TracerProvider(resource=res, shutdown_on_exit=False)
         tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
         owned.append(tracer_provider)
-    tracer = tracer_provider.get_tracer(SCOPE, __version__) if tracer_provider is not None else None
-    recorder = MetricsRecorder(meter_provider.get_meter(SCOPE, __version__), tracer)
+    tracer = tracer_provider.get_tracer(SCOPE, version) if tracer_provider is not None else None
+    recorder = MetricsRecorder(meter_provider.get_meter(SCOPE, version), tracer)
     return Built(recorder, meter_provider, tracer_provider, tuple(owned), bound, server, thread)

@@ -9,7 +9,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradientmail._version import __version__
 from gradientmail.errors import InvalidConfig
+from gradientmail.records import default_learner_id
 from gradientmail.telemetry import hooks
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,7 @@ _exit_hook = False
 def configure(
     *,
     node: str | None = None,
+    version: str | None = None,
     prometheus_port: int | None = None,
     prometheus_address: str = "0.0.0.0",
     otlp: bool | None = None,
@@ -92,7 +95,8 @@ def configure(
       variable is set; ``True``: on for both (the exporter's default endpoint otherwise).
     * ``meter_provider`` / ``tracer_provider`` — an application's own OpenTelemetry SDK
       providers to record into instead of ones made here (their readers and exporters apply).
-    * ``node`` — ``service.instance.id`` of the resource (default: this host's learner id).
+    * ``node`` — ``service.instance.id`` of the resource (default: this host's learner id);
+      ``version`` — ``service.version`` and the instrumentation scope's (default: this package's).
 
     Raises ``InvalidConfig`` when the ``telemetry`` extra is not installed, the port cannot be
     bound, an OTLP protocol other than ``http/protobuf`` is asked for, or nothing would be
@@ -108,7 +112,9 @@ def configure(
         try:
             from gradientmail.telemetry import providers
         except ImportError as exc:
-            raise InvalidConfig("telemetry", f"needs the telemetry extra (pip install 'gradientmail[telemetry]'): {exc}") from None
+            raise InvalidConfig(
+                "telemetry", f"needs the telemetry extra (pip install 'gradientmail[telemetry]'): {exc}"
+            ) from None
         want_metrics = otlp if otlp is not None else otlp_requested("metrics")
         want_traces = otlp if otlp is not None else otlp_requested("traces")
         if want_metrics or want_traces:
@@ -116,16 +122,30 @@ def configure(
                 if os.environ.get(name, "http/protobuf") != "http/protobuf":
                     raise InvalidConfig("telemetry", f"{name}={os.environ[name]!r}: only http/protobuf is supported")
         if meter_provider is None and prometheus_port is None and not want_metrics:
-            raise InvalidConfig("telemetry", "nothing to export: give prometheus_port, set OTEL_EXPORTER_OTLP_ENDPOINT or pass a meter_provider")
+            raise InvalidConfig(
+                "telemetry", "nothing to export: give prometheus_port, set OTEL_EXPORTER_OTLP_ENDPOINT or pass a meter_provider"
+            )
         otlp_metrics = bool(want_metrics) and meter_provider is None
         otlp_traces = bool(want_traces) and tracer_provider is None
-        built = providers.build(node=node, prometheus_port=prometheus_port, prometheus_address=prometheus_address,
-                                otlp_metrics=otlp_metrics, otlp_traces=otlp_traces,
-                                meter_provider=meter_provider, tracer_provider=tracer_provider)
+        built = providers.build(
+            node=node or default_learner_id(),
+            version=version or __version__,
+            prometheus_port=prometheus_port,
+            prometheus_address=prometheus_address,
+            otlp_metrics=otlp_metrics,
+            otlp_traces=otlp_traces,
+            meter_provider=meter_provider,
+            tracer_provider=tracer_provider,
+        )
         telemetry = Telemetry(
-            prometheus_address=built.prometheus_address, otlp_metrics=otlp_metrics, otlp_traces=otlp_traces,
-            _meter_provider=built.meter_provider, _tracer_provider=built.tracer_provider, _owned=built.owned,
-            _server=built.server, _server_thread=built.server_thread,
+            prometheus_address=built.prometheus_address,
+            otlp_metrics=otlp_metrics,
+            otlp_traces=otlp_traces,
+            _meter_provider=built.meter_provider,
+            _tracer_provider=built.tracer_provider,
+            _owned=built.owned,
+            _server=built.server,
+            _server_thread=built.server_thread,
         )
         for runtime in hooks.syncers():
             built.recorder.syncer_attached(runtime)

@@ -13,8 +13,8 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from gradientmail.demo.data import BatchSampler
-from gradientmail.demo.model import GPTConfig
+from demo.data import BatchSampler
+from demo.model_config import GPTConfig
 
 __all__ = ["Framework", "Trainer", "build_trainer", "Progress", "run_steps"]
 
@@ -38,15 +38,18 @@ class Trainer:
 def build_trainer(framework: Framework, config: GPTConfig, lr: float, init_seed: int = 0) -> Trainer:
     """The tiny GPT in ``framework``, initialised from ``init_seed`` (same bytes in both)."""
     if framework == "torch":
-        from gradientmail.demo import model as torch_gpt
+        from demo import model as torch_gpt
 
         model = torch_gpt.GPT(config, seed=init_seed)
         optimizer = torch_gpt.make_optimizer(model, lr)
         return Trainer(
-            "torch", model, lambda batch: torch_gpt.train_step(model, optimizer, batch), lambda data: torch_gpt.evaluate(model, data)
+            "torch",
+            model,
+            lambda batch: torch_gpt.train_step(model, optimizer, batch),
+            lambda data: torch_gpt.evaluate(model, data),
         )
     if framework == "mlx":
-        from gradientmail.demo import model_mlx as mlx_gpt
+        from demo import model_mlx as mlx_gpt
 
         model = mlx_gpt.GPT(config, seed=init_seed)
         optimizer = mlx_gpt.make_optimizer(model, lr)

@@ -1,7 +1,9 @@
 """The tiny GPT of ``model.py`` in MLX: same architecture, parameter names, shapes and dtypes.
 
-Identical signatures let an MLX learner (a Mac, or Linux CPU in CI) join a run started by
-PyTorch learners: the manifest pins the signature and the exchange moves tensors by name.
+The one MLX GPT of the repository: the demo's MLX learners and ``examples/mlx_learner.py``
+use it. Identical signatures let an MLX learner (a Mac, or Linux CPU in CI) join a run
+started by PyTorch learners: the manifest pins the signature and the exchange moves tensors
+by name. It imports no PyTorch: the shared shape and initial values come from ``model_config``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
-from gradientmail.demo.model import GPTConfig, init_parameters
+from demo.model_config import DEFAULT_CONFIG, GPTConfig, ParameterSignature, init_parameters
 
 __all__ = ["GPTConfig", "GPT", "loss_fn", "make_optimizer", "train_step", "evaluate"]
 
@@ -53,7 +55,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token + position embeddings, pre-LN blocks, final LayerNorm, untied output head."""
 
-    def __init__(self, config: GPTConfig = GPTConfig(), seed: int = 0) -> None:
+    def __init__(self, config: GPTConfig = DEFAULT_CONFIG, seed: int = 0) -> None:
         super().__init__()
         self.config = config
         self.tok_embed = nn.Embedding(config.vocab_size, config.width)
@@ -69,7 +71,7 @@ class GPT(nn.Module):
             x = block(x)
         return self.head(self.ln_f(x))
 
-    def numpy_signature(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    def numpy_signature(self) -> ParameterSignature:
         """Name → (shape, dtype name) of every parameter, comparable with ``model.GPT``'s."""
         return {
             name: (tuple(value.shape), str(value.dtype).removeprefix("mlx.core."))

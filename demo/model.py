@@ -1,39 +1,23 @@
 """A tiny GPT in PyTorch (nanoGPT-like), sized for several steps per second on one CPU thread.
 
-``model_mlx.py`` holds its twin; both must keep identical parameter names, shapes and
-dtypes so that a PyTorch learner and an MLX learner can train one run together. The
-embeddings are named ``*_embed`` because the default merge averages tensors whose name
-contains ``embed`` directly instead of with RDA.
+The one PyTorch GPT of the repository: the demo trains it and ``examples/torch_learner.py``
+imports it. ``model_mlx.py`` holds its twin; both must keep identical parameter names, shapes
+and dtypes so that a PyTorch learner and an MLX learner can train one run together (their
+shared shape and initial values are in ``model_config.py``). The embeddings are named
+``*_embed`` because the default merge averages tensors whose name contains ``embed``
+directly instead of with RDA.
 """
 
 from __future__ import annotations
-
-import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradientmail.demo.data import VOCAB_SIZE
+from demo.model_config import DEFAULT_CONFIG, GPTConfig, ParameterSignature, init_parameters
 
 __all__ = ["GPTConfig", "GPT", "loss_fn", "train_step", "make_optimizer", "evaluate"]
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Model shape; the defaults take ~0.1 s per step of 16×96 tokens on one thread."""
-
-    vocab_size: int = VOCAB_SIZE
-    context: int = 96
-    layers: int = 3
-    width: int = 128
-    heads: int = 4
-
-    @property
-    def mlp_width(self) -> int:
-        return 4 * self.width
 
 
 class CausalSelfAttention(nn.Module):
@@ -71,7 +55,7 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token + position embeddings, pre-LN blocks, final LayerNorm, untied output head."""
 
-    def __init__(self, config: GPTConfig = GPTConfig(), seed: int = 0) -> None:
+    def __init__(self, config: GPTConfig = DEFAULT_CONFIG, seed: int = 0) -> None:
         super().__init__()
         self.config = config
         self.tok_embed = nn.Embedding(config.vocab_size, config.width)
@@ -89,7 +73,7 @@ class GPT(nn.Module):
             x = block(x)
         return self.head(self.ln_f(x))
 
-    def numpy_signature(self) -> dict[str, tuple[tuple[int, ...], str]]:
+    def numpy_signature(self) -> ParameterSignature:
         """Name → (shape, dtype name) of every parameter, in registration order."""
         return {name: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for name, p in self.named_parameters()}
 
@@ -103,33 +87,14 @@ class GPT(nn.Module):
                 parameter.copy_(torch.from_numpy(np.ascontiguousarray(values[name])))
 
 
-def init_parameters(
-    signature: dict[str, tuple[tuple[int, ...], str]], config: GPTConfig, seed: int
-) -> dict[str, np.ndarray]:
-    """GPT-2-style initial values drawn with NumPy, so both twins start from the same bytes.
-
-    Weights ~ N(0, 0.02) (residual projections scaled by 1/sqrt(2·layers)), biases 0,
-    LayerNorm gains 1.
-    """
-    rng = np.random.default_rng(seed)
-    values: dict[str, np.ndarray] = {}
-    for name in sorted(signature):  # sorted: the twins may register parameters in another order
-        shape, dtype = signature[name]
-        if name.endswith("bias"):
-            value = np.zeros(shape)
-        elif ".ln" in name or name.startswith("ln"):
-            value = np.ones(shape)
-        else:
-            std = 0.02 / math.sqrt(2 * config.layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
-            value = rng.normal(0.0, std, size=shape)
-        values[name] = value.astype(dtype)
-    return values
-
-
 def loss_fn(model: GPT, inputs: np.ndarray, targets: np.ndarray) -> torch.Tensor:
-    """Mean next-byte cross-entropy in nats (ln 256 ≈ 5.55 for a uniform guess)."""
-    logits = model(torch.from_numpy(inputs))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(targets).reshape(-1))
+    """Mean next-byte cross-entropy in nats (ln 256 ≈ 5.55 for a uniform guess).
+
+    The NumPy batch moves to the model's device, so the same loop runs on a CPU or a GPU.
+    """
+    device = model.head.weight.device
+    logits = model(torch.from_numpy(inputs).to(device))
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(targets).to(device).reshape(-1))
 
 
 def make_optimizer(model: GPT, lr: float) -> torch.optim.Optimizer:

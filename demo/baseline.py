@@ -1,6 +1,6 @@
 """The comparison: one learner, no GradientMail, trained on as many tokens as all learners together.
 
-``python -m gradientmail.demo.baseline --steps N --batch-size B`` runs the same model,
+``python -m demo.baseline --steps N --batch-size B`` runs the same model,
 optimizer and loop as the workers, without a session. The launcher gives it the learners'
 steps and ``learners × batch`` windows per step: the same tokens and the same number of
 optimizer steps as the run, i.e. what synchronous data-parallel training would do.
@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from gradientmail.demo import events, settings
-from gradientmail.demo.data import BatchSampler, load_corpus, validation_windows
-from gradientmail.demo.model import GPTConfig
-from gradientmail.demo.trainer import Framework, Progress, build_trainer, run_steps
+from demo import events, settings
+from demo.data import BatchSampler, load_corpus, validation_windows
+from demo.model_config import GPTConfig
+from demo.trainer import Framework, Progress, build_trainer, run_steps
 
 __all__ = ["run", "main"]
 
@@ -44,12 +44,27 @@ def run(
     sampler = BatchSampler(corpus.train, batch_size, model_config.context, seed=seed)
     trainer = build_trainer(framework, model_config, lr)
     initial = trainer.evaluate(validation)
-    events.emit("start", BASELINE_ID, framework=framework, steps=steps, batch_size=batch_size,
-                tokens_per_step=sampler.tokens_per_batch, initial_val_loss=initial)
+    events.emit(
+        "start",
+        BASELINE_ID,
+        framework=framework,
+        steps=steps,
+        batch_size=batch_size,
+        tokens_per_step=sampler.tokens_per_batch,
+        initial_val_loss=initial,
+    )
 
     def report(progress: Progress) -> None:
-        events.emit("progress", BASELINE_ID, step=progress.step, steps=steps, loss=progress.loss, tokens=progress.tokens,
-                    elapsed_s=round(progress.elapsed_s, 3), steps_per_s=round(progress.step / max(progress.elapsed_s, 1e-9), 3))
+        events.emit(
+            "progress",
+            BASELINE_ID,
+            step=progress.step,
+            steps=steps,
+            loss=progress.loss,
+            tokens=progress.tokens,
+            elapsed_s=round(progress.elapsed_s, 3),
+            steps_per_s=round(progress.step / max(progress.elapsed_s, 1e-9), 3),
+        )
 
     last = run_steps(trainer, sampler, steps, report, report_every=report_every)
     final = trainer.evaluate(validation)
@@ -58,7 +73,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m gradientmail.demo.baseline", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m demo.baseline", description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=settings.STEPS)
     parser.add_argument("--batch-size", type=int, default=settings.LEARNERS * settings.BATCH_SIZE)
     parser.add_argument("--seed", type=int, default=1000)
@@ -69,8 +84,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1, help="PyTorch intra-op threads")
     parser.add_argument("--quick", action="store_true", help=f"{settings.QUICK_STEPS} steps, for tests")
     args = parser.parse_args(argv)
-    run(settings.QUICK_STEPS if args.quick else args.steps, args.batch_size, seed=args.seed, framework=args.framework,
-        lr=args.lr, eval_windows=args.eval_windows, report_every=args.report_every, threads=args.threads)
+    run(
+        settings.QUICK_STEPS if args.quick else args.steps,
+        args.batch_size,
+        seed=args.seed,
+        framework=args.framework,
+        lr=args.lr,
+        eval_windows=args.eval_windows,
+        report_every=args.report_every,
+        threads=args.threads,
+    )
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ class ProcessState:
         if self.start is None:
             return f"{self.name:<10} {'FAILED (exit ' + str(self.returncode) + ')' if self.returncode else 'starting'}"
         done = self.step / self.steps if self.steps else 0.0
-        filled = int(round(done * _BAR_WIDTH))
+        filled = round(done * _BAR_WIDTH)
         bar = "█" * filled + "░" * (_BAR_WIDTH - filled)
         text = f"{self.name:<10} {self.framework:<5} {bar} {self.step:>5}/{self.steps:<5}"
         if self.loss is not None:
@@ -75,8 +75,9 @@ def format_round(record: RoundRecord) -> str:
     if record.version == 0:
         return f"round  f{record.fragment} v0      initial parameters, committed by {record.committed_by}"
     total = sum(p.weight for p in record.participants) or 1.0
-    who = "  ".join(f"{p.learner} w={p.weight / total:.2f} ({p.steps} step{'s' if p.steps != 1 else ''})"
-                   for p in record.participants)
+    who = "  ".join(
+        f"{p.learner} w={p.weight / total:.2f} ({p.steps} step{'s' if p.steps != 1 else ''})" for p in record.participants
+    )
     text = f"round  f{record.fragment} v{record.version:<5} from v{record.base_version}  {who}"
     if record.rejected:
         text += "  rejected: " + ", ".join(f"{r.learner} ({r.reason})" for r in record.rejected)

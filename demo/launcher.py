@@ -1,7 +1,9 @@
 """Start the demo's processes and turn their stdout into events on one queue.
 
-Each child is ``python -m gradientmail.demo.<module> ...``; its events are also kept in
-``logs/<name>.jsonl`` and its stderr (logging, tracebacks) in ``logs/<name>.log``.
+Each child is ``python -m demo.<module> ...``; its events are also kept in
+``logs/<name>.jsonl`` and its stderr (logging, tracebacks) in ``logs/<name>.log``. The
+children get the folder holding ``demo`` on ``PYTHONPATH``, so they import it from any
+working directory.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gradientmail.demo import events
+from demo import events
 
 __all__ = ["Child", "Launcher", "share_cores"]
+
+JOBS_DIR = Path(__file__).resolve().parent.parent
+"""The folder that holds the ``demo`` package (the repository root, or the images' jobs folder)."""
 
 Event = tuple[str, dict[str, Any]]
 """(process name, event); the event ``{"event": "exit", "returncode": n}`` ends each stream."""
@@ -55,6 +60,11 @@ def share_cores(cores: int, learners: int) -> tuple[int, int]:
     return math.ceil(math.log(learners / (cores - 1)) / math.log(1.25) - 1e-9), 1
 
 
+def _with_jobs_dir(pythonpath: str | None) -> str:
+    """``PYTHONPATH`` with :data:`JOBS_DIR` first: ``demo`` is not installed, only on a path."""
+    return os.pathsep.join([str(JOBS_DIR), *(pythonpath.split(os.pathsep) if pythonpath else [])])
+
+
 class Launcher:
     """Owns the children: start, collect events, stop them all on the way out."""
 
@@ -64,14 +74,18 @@ class Launcher:
         self.children: dict[str, Child] = {}
 
     def start(self, name: str, module: str, args: list[str]) -> Child:
-        """Run ``python -m gradientmail.demo.<module> args`` with the current interpreter."""
+        """Run ``python -m demo.<module> args`` with the current interpreter."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=_with_jobs_dir(os.environ.get("PYTHONPATH")))
         with open(log_path, "w") as stderr:
             process = subprocess.Popen(
-                [sys.executable, "-m", f"gradientmail.demo.{module}", *args],
-                stdout=subprocess.PIPE, stderr=stderr, stdin=subprocess.DEVNULL, text=True, env=env,
+                [sys.executable, "-m", f"demo.{module}", *args],
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=env,
             )
         assert process.stdout is not None
         reader = threading.Thread(target=self._read, args=(name, process, process.stdout), daemon=True)

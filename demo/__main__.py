@@ -1,4 +1,4 @@
-"""``python -m gradientmail.demo``: a local Decoupled DiLoCo run on this machine, no server.
+"""``python -m demo``: a local Decoupled DiLoCo run on this machine, no server.
 
 Three learner processes (by default) train a tiny GPT on Shakespeare through a directory
 mailbox under ``runs/<timestamp>/mailbox``; a single learner without GradientMail trains
@@ -14,16 +14,18 @@ import queue
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import quote
 
-from gradientmail.demo import settings
-from gradientmail.demo.baseline import BASELINE_ID
-from gradientmail.demo.data import CorpusMissing, play_paths
-from gradientmail.demo.display import Display, ProcessState, format_results, format_round, summarize_rounds
-from gradientmail.demo.launcher import Launcher, share_cores
-from gradientmail.demo.rounds import RoundWatcher
+from demo import settings
+from demo.baseline import BASELINE_ID
+from demo.data import CorpusMissing, play_paths
+from demo.display import Display, ProcessState, format_results, format_round, summarize_rounds
+from demo.launcher import Launcher, share_cores
+from demo.rounds import RoundWatcher
+from gradientmail.mailbox import open_mailbox
 
 COMMITTED_ID = "committed"
 """Learner id of the closing evaluation: joins with 0 steps and reads the newest commit."""
@@ -31,22 +33,38 @@ _POLL_S = 0.25
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gradientmail.demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__.splitlines()[0])
     parser.add_argument("--learners", type=int, default=settings.LEARNERS, help="learner processes (default %(default)s)")
     parser.add_argument("--steps", type=int, default=settings.STEPS, help="local steps per learner (default %(default)s)")
-    parser.add_argument("--sync-every", type=int, help=f"H, steps between exchanges of a fragment (default {settings.SYNC_EVERY})")
+    parser.add_argument(
+        "--sync-every", type=int, help=f"H, steps between exchanges of a fragment (default {settings.SYNC_EVERY})"
+    )
     parser.add_argument("--fragments", type=int, default=settings.FRAGMENTS, help="P (default %(default)s)")
-    parser.add_argument("--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate (default %(default)s)")
-    parser.add_argument("--outer-momentum", type=float, default=settings.OUTER_MOMENTUM,
-                        help="Nesterov outer momentum (default %(default)s)")
-    parser.add_argument("--quorum", type=int, help=f"K, contributions a round waits for (default {settings.QUORUM}, at most --learners)")
+    parser.add_argument(
+        "--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate (default %(default)s)"
+    )
+    parser.add_argument(
+        "--outer-momentum", type=float, default=settings.OUTER_MOMENTUM, help="Nesterov outer momentum (default %(default)s)"
+    )
+    parser.add_argument(
+        "--quorum", type=int, help=f"K, contributions a round waits for (default {settings.QUORUM}, at most --learners)"
+    )
     parser.add_argument("--merge", choices=["rda", "mean"], default="rda", help="merge of the deltas (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=settings.BATCH_SIZE, help="windows per learner step (default %(default)s)")
-    parser.add_argument("--mlx-learners", type=int, default=0,
-                        help="how many of the learners use MLX instead of PyTorch; they train until the PyTorch ones finish")
+    parser.add_argument(
+        "--batch-size", type=int, default=settings.BATCH_SIZE, help="windows per learner step (default %(default)s)"
+    )
+    parser.add_argument(
+        "--mlx-learners",
+        type=int,
+        default=0,
+        help="how many of the learners use MLX instead of PyTorch; they train until the PyTorch ones finish",
+    )
     parser.add_argument("--runs-dir", default="runs", help="where runs/<timestamp>/ is created (default %(default)s)")
-    parser.add_argument("--quick", action="store_true",
-                        help=f"{settings.QUICK_STEPS} steps, H={settings.QUICK_SYNC_EVERY}: a smoke test in well under a minute")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{settings.QUICK_STEPS} steps, H={settings.QUICK_SYNC_EVERY}: a smoke test in well under a minute",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.steps = settings.QUICK_STEPS
@@ -75,8 +93,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     mailbox_dir = run_dir / "mailbox"
     mailbox_dir.mkdir(parents=True)
     mailbox_url = "file://" + quote(str(mailbox_dir))
-    stop_file = run_dir / "stop"  # tells MLX learners the PyTorch ones are done
+    with closing(open_mailbox(mailbox_url)) as mailbox:  # the launcher's read-only view of the run
+        return _run(args, run_dir, mailbox_dir, mailbox_url, RoundWatcher(mailbox), began)
 
+
+def _run(
+    args: argparse.Namespace, run_dir: Path, mailbox_dir: Path, mailbox_url: str, watcher: RoundWatcher, began: float
+) -> int:
+    """Start the learners and the baseline, show their progress, then the closing evaluation and results."""
+    stop_file = run_dir / "stop"  # tells MLX learners the PyTorch ones are done
     names = [f"learner-{i + 1}" for i in range(args.learners)]
     frameworks = {name: "mlx" if i >= args.learners - args.mlx_learners else "torch" for i, name in enumerate(names)}
     baseline_batch = args.learners * args.batch_size
@@ -88,18 +113,50 @@ def main(argv: Sequence[str] | None = None) -> int:
     states = {name: ProcessState(name, "learner") for name in names}
     states[BASELINE_ID] = ProcessState(BASELINE_ID, "baseline")
     display = Display(list(states.values()))
-    watcher = RoundWatcher(mailbox_dir)
-    common = ["--sync-every", str(args.sync_every), "--fragments", str(args.fragments), "--batch-size", str(args.batch_size),
-              "--outer-lr", str(args.outer_lr), "--outer-momentum", str(args.outer_momentum),
-              "--quorum", str(args.quorum), "--merge", args.merge]
+    common = [
+        "--sync-every",
+        str(args.sync_every),
+        "--fragments",
+        str(args.fragments),
+        "--batch-size",
+        str(args.batch_size),
+        "--outer-lr",
+        str(args.outer_lr),
+        "--outer-momentum",
+        str(args.outer_momentum),
+        "--quorum",
+        str(args.quorum),
+        "--merge",
+        args.merge,
+    ]
     try:
         for seed, name in enumerate(names, start=1):
             extra = ["--stop-file", str(stop_file)] if frameworks[name] == "mlx" else []
-            launcher.start(name, "worker", ["--mailbox", mailbox_url, "--learner-id", name, "--steps", str(args.steps),
-                                            "--seed", str(seed), "--framework", frameworks[name],
-                                            "--niceness", str(learner_niceness), *common, *extra])
-        launcher.start(BASELINE_ID, "baseline", ["--steps", str(args.steps), "--batch-size", str(baseline_batch),
-                                                 "--threads", str(baseline_threads)])
+            launcher.start(
+                name,
+                "worker",
+                [
+                    "--mailbox",
+                    mailbox_url,
+                    "--learner-id",
+                    name,
+                    "--steps",
+                    str(args.steps),
+                    "--seed",
+                    str(seed),
+                    "--framework",
+                    frameworks[name],
+                    "--niceness",
+                    str(learner_niceness),
+                    *common,
+                    *extra,
+                ],
+            )
+        launcher.start(
+            BASELINE_ID,
+            "baseline",
+            ["--steps", str(args.steps), "--batch-size", str(baseline_batch), "--threads", str(baseline_threads)],
+        )
         failed = _follow(launcher, states, display, watcher, frameworks, stop_file)
         display.finish()
         if failed:
@@ -107,8 +164,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # the closing evaluation: a learner that joins, trains nothing and reads the newest commit
         committed_state = ProcessState(COMMITTED_ID, "evaluator")
-        launcher.start(COMMITTED_ID, "worker", ["--mailbox", mailbox_url, "--learner-id", COMMITTED_ID, "--steps", "0",
-                                                "--seed", "0", "--no-syncer", *common])
+        launcher.start(
+            COMMITTED_ID,
+            "worker",
+            ["--mailbox", mailbox_url, "--learner-id", COMMITTED_ID, "--steps", "0", "--seed", "0", "--no-syncer", *common],
+        )
         failed = _follow(launcher, {COMMITTED_ID: committed_state}, None, watcher, {}, stop_file)
         if failed:
             return _report_failure(launcher, failed)
@@ -127,9 +187,11 @@ def _print_header(
 ) -> None:
     print(f"run       {run_dir}")
     print(f"mailbox   {mailbox_url}")
-    print(f"learners  {args.learners} × {args.steps} steps × {args.batch_size} windows; "
-          f"DiLoCo H={args.sync_every}, P={args.fragments}, K={args.quorum}; "
-          f"baseline: {args.steps} steps × {args.learners * args.batch_size} windows")
+    print(
+        f"learners  {args.learners} × {args.steps} steps × {args.batch_size} windows; "
+        f"DiLoCo H={args.sync_every}, P={args.fragments}, K={args.quorum}; "
+        f"baseline: {args.steps} steps × {args.learners * args.batch_size} windows"
+    )
     print(f"cores     {cores}: learners at niceness {learner_niceness}, baseline on {baseline_threads} thread(s)")
     print(f"logs      {run_dir / 'logs'}")
 

@@ -1,9 +1,12 @@
-"""One learner of the demo run: ``python -m gradientmail.demo.worker --mailbox URL --learner-id ID ...``.
+"""One learner of the demo run: ``python -m demo.worker --mailbox URL --learner-id ID ...``.
 
 It trains the tiny GPT on its own seeded stream of Shakespeare inside a ``gm.Session``
 and prints JSON-line events (see ``events.py``) on stdout; logs go to stderr. After the
 ``with`` block the model holds the newest committed parameters, whose validation loss is
 the last event. ``--steps 0`` only joins and evaluates the committed model.
+
+It is also ``gradientmail node``'s default job, named there by the import string
+``demo.worker:node_main``: :func:`node_main` reads the node's ``GRADIENTMAIL_*`` settings.
 """
 
 from __future__ import annotations
@@ -12,16 +15,22 @@ import argparse
 import logging
 import os
 import sys
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradientmail.demo import events, settings
-from gradientmail.demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
-from gradientmail.demo.model import GPTConfig
-from gradientmail.demo.trainer import Framework, Progress, build_trainer, run_steps
+from demo import events, settings
+from demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
+from demo.model_config import GPTConfig
+from demo.trainer import Framework, Progress, build_trainer, run_steps
+from gradientmail.errors import GradientMailError, InvalidConfig
+from gradientmail.records import default_learner_id
+from gradientmail.settings import NodeSettings
 
-__all__ = ["WorkerConfig", "parse_args", "run", "main"]
+__all__ = ["WorkerConfig", "parse_args", "run", "main", "node_worker_config", "node_main"]
+
+log = logging.getLogger("demo.worker")
 
 
 @dataclass(frozen=True)
@@ -48,13 +57,13 @@ class WorkerConfig:
     quorum: int = 1
     merge: str = "rda"
     algorithm: Any = None
-    """A whole ``gm.DiLoCo``: replaces the run knobs above (``gradientmail node`` passes its settings')."""
+    """A whole ``gm.DiLoCo``: replaces the run knobs above (:func:`node_worker_config` passes the node's)."""
     options: Any = None
     """A whole ``gm.SessionOptions``: replaces ``run_syncer`` above."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
-    parser = argparse.ArgumentParser(prog="python -m gradientmail.demo.worker", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m demo.worker", description=__doc__.splitlines()[0])
     parser.add_argument("--mailbox", required=True, help="mailbox URL: file:///abs/path or s3://bucket/prefix")
     parser.add_argument("--learner-id", required=True)
     parser.add_argument("--steps", type=int, required=True, help="local steps to train (0: evaluate the committed model)")
@@ -64,15 +73,23 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser.add_argument("--fragments", type=int, default=settings.FRAGMENTS, help="P, shared by the run")
     parser.add_argument("--batch-size", type=int, default=settings.BATCH_SIZE)
     parser.add_argument("--lr", type=float, default=settings.LEARNING_RATE)
-    parser.add_argument("--no-flush", dest="flush_on_close", action="store_false",
-                        help="drop the steps since the last contribution on close instead of publishing them")
+    parser.add_argument(
+        "--no-flush",
+        dest="flush_on_close",
+        action="store_false",
+        help="drop the steps since the last contribution on close instead of publishing them",
+    )
     parser.add_argument("--eval-windows", type=int, default=settings.EVAL_WINDOWS)
     parser.add_argument("--report-every", type=int, default=settings.REPORT_EVERY)
     parser.add_argument("--stop-file", help="stop training early once this file exists")
     parser.add_argument("--no-syncer", dest="run_syncer", action="store_false", help="never act as the run's syncer")
     parser.add_argument("--niceness", type=int, default=0, help="lower this process's CPU priority by this much")
-    parser.add_argument("--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate, shared by the run")
-    parser.add_argument("--outer-momentum", type=float, default=settings.OUTER_MOMENTUM, help="Nesterov outer momentum, shared by the run")
+    parser.add_argument(
+        "--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate, shared by the run"
+    )
+    parser.add_argument(
+        "--outer-momentum", type=float, default=settings.OUTER_MOMENTUM, help="Nesterov outer momentum, shared by the run"
+    )
     parser.add_argument("--quorum", type=int, default=1, help="K, contributions a round waits for; shared by the run")
     parser.add_argument("--merge", choices=["rda", "mean"], default="rda", help="how rounds merge deltas; shared by the run")
     args = parser.parse_args(argv)
@@ -101,12 +118,22 @@ def run(config: WorkerConfig) -> float:
     sampler = BatchSampler(corpus.train, config.batch_size, model_config.context, seed=config.seed)
     trainer = build_trainer(config.framework, model_config, config.lr)
     learner = config.learner_id
-    events.emit("start", learner, framework=config.framework, steps=config.steps, batch_size=config.batch_size,
-                tokens_per_step=sampler.tokens_per_batch)
+    events.emit(
+        "start",
+        learner,
+        framework=config.framework,
+        steps=config.steps,
+        batch_size=config.batch_size,
+        tokens_per_step=sampler.tokens_per_batch,
+    )
 
     algorithm = config.algorithm or gm.DiLoCo(
-        sync_every=config.sync_every, fragments=config.fragments, flush_on_close=config.flush_on_close,
-        outer_lr=config.outer_lr, outer_momentum=config.outer_momentum, quorum_size=config.quorum,
+        sync_every=config.sync_every,
+        fragments=config.fragments,
+        flush_on_close=config.flush_on_close,
+        outer_lr=config.outer_lr,
+        outer_momentum=config.outer_momentum,
+        quorum_size=config.quorum,
         merge=gm.Rda() if config.merge == "rda" else gm.WeightedMean(),
     )
     options = config.options or gm.SessionOptions(run_syncer=config.run_syncer)
@@ -115,28 +142,49 @@ def run(config: WorkerConfig) -> float:
     with gm.Session(trainer.model, algorithm=algorithm, mailbox=config.mailbox, learner_id=learner, options=options) as session:
 
         def report(progress: Progress) -> None:
-            events.emit("progress", learner, step=progress.step, steps=config.steps, loss=progress.loss,
-                        tokens=progress.tokens, elapsed_s=round(progress.elapsed_s, 3),
-                        steps_per_s=round(progress.step / max(progress.elapsed_s, 1e-9), 3),
-                        versions=dict(session.versions))
+            events.emit(
+                "progress",
+                learner,
+                step=progress.step,
+                steps=config.steps,
+                loss=progress.loss,
+                tokens=progress.tokens,
+                elapsed_s=round(progress.elapsed_s, 3),
+                steps_per_s=round(progress.step / max(progress.elapsed_s, 1e-9), 3),
+                versions=dict(session.versions),
+            )
 
-        last = run_steps(trainer, sampler, config.steps, report, session=session, report_every=config.report_every,
-                         should_stop=lambda: stop_file is not None and os.path.exists(stop_file))
+        last = run_steps(
+            trainer,
+            sampler,
+            config.steps,
+            report,
+            session=session,
+            report_every=config.report_every,
+            should_stop=lambda: stop_file is not None and os.path.exists(stop_file),
+        )
         if last.step:
             local_val_loss = trainer.evaluate(validation)
     # the session has closed: the model now holds the newest committed parameters
     val_loss = trainer.evaluate(validation)
     stats = session.stats
-    events.emit("final", learner, steps=last.step, tokens=last.tokens, elapsed_s=round(last.elapsed_s, 3),
-                local_val_loss=local_val_loss, val_loss=val_loss, versions=dict(session.versions),
-                contributions=stats.contributions, alignments=stats.alignments)
+    events.emit(
+        "final",
+        learner,
+        steps=last.step,
+        tokens=last.tokens,
+        elapsed_s=round(last.elapsed_s, 3),
+        local_val_loss=local_val_loss,
+        val_loss=val_loss,
+        versions=dict(session.versions),
+        contributions=stats.contributions,
+        alignments=stats.alignments,
+    )
     return val_loss
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one learner; a configuration or mailbox problem ends with one clear line and exit 2."""
-    from gradientmail.errors import GradientMailError
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     config = parse_args(argv)
     try:
@@ -144,6 +192,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GradientMailError, CorpusMissing) as exc:
         print(f"{config.learner_id}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def node_worker_config(node: NodeSettings) -> WorkerConfig:
+    """The worker a ``gradientmail node`` runs by default, under that node's settings.
+
+    The batch stream's seed comes from the learner id, so every node of a run sees different
+    data and a restarted node the same as before. Every algorithm and session setting is
+    passed on whole; ``steps`` defaults to the demo's.
+
+    Raises:
+        InvalidConfig: the ``numpy`` backend (this worker trains a torch or MLX model).
+    """
+    if node.backend == "numpy":
+        raise InvalidConfig("backend", "the default job (demo.worker) trains with 'torch' or 'mlx', not 'numpy'")
+    learner_id = node.learner_id or default_learner_id()
+    return WorkerConfig(
+        mailbox=node.mailbox,
+        learner_id=learner_id,
+        steps=settings.STEPS if node.steps is None else node.steps,
+        seed=zlib.crc32(learner_id.encode()) % 2**31,
+        framework=node.backend or "torch",
+        algorithm=node.algorithm(),
+        options=node.session_options(),
+    )
+
+
+def node_main() -> int:
+    """``gradientmail node``'s default job: one learner configured only by ``GRADIENTMAIL_*``.
+
+    Called by the node (``demo.worker:node_main``) after it has set up logging, telemetry and
+    SIGTERM handling; the node turns ``InvalidConfig`` into exit 2 and other errors into exit 1.
+    """
+    config = node_worker_config(NodeSettings.from_env())
+    log.info("running the demo worker: %s, %d steps, learner %s", config.framework, config.steps, config.learner_id)
+    run(config)
     return 0
 
 

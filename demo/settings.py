@@ -1,4 +1,4 @@
-"""The demo's defaults, in one place: sized so ``python -m gradientmail.demo`` takes a few
+"""The demo's defaults, in one place: sized so ``python -m demo`` takes a few
 minutes on a 2-core machine (3 learners + the baseline) and the loss falls well below ln 256.
 """
 

@@ -1,0 +1,66 @@
+"""The run's view of itself, derived once from its manifest: algorithm, fragments, tensor shapes.
+
+Every role reads the same view: the learner to cast and check what it publishes and
+fetches, the syncer to bound and check what it accepts, the CLI to export and replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.backends.payload import numpy_dtype
+from gradientmail.records import Manifest, ParameterSpec
+
+__all__ = ["PAYLOAD_HEADER_SLACK", "RunSpec", "TensorShape"]
+
+PAYLOAD_HEADER_SLACK = 1 << 20
+"""Bytes allowed above the raw tensor bytes for a Safetensors header."""
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What a tensor in a payload must look like."""
+
+    shape: tuple[int, ...]
+    dtype: str | None
+    """None accepts any dtype (checked elsewhere)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The manifest and what every role derives from it."""
+
+    manifest: Manifest
+    algorithm: DiLoCo
+    fragments: tuple[tuple[str, ...], ...]
+    parameters: Mapping[str, ParameterSpec]
+
+    @classmethod
+    def from_manifest(cls, manifest: Manifest) -> RunSpec:
+        return cls(
+            manifest=manifest,
+            algorithm=DiLoCo.from_manifest(manifest.algorithm),
+            fragments=manifest.plan,
+            parameters={p.name: p for p in manifest.parameters},
+        )
+
+    def dtype(self, name: str) -> str:
+        """The stored dtype of parameter ``name``."""
+        return self.parameters[name].dtype
+
+    def delta_dtype(self, name: str) -> str:
+        """The dtype parameter ``name``'s deltas travel in (``delta_dtype`` or its own)."""
+        return self.algorithm.delta_dtype or self.parameters[name].dtype
+
+    def param_specs(self, fragment: int) -> dict[str, TensorShape]:
+        return {n: TensorShape(tuple(self.parameters[n].shape), self.dtype(n)) for n in self.fragments[fragment]}
+
+    def delta_specs(self, fragment: int) -> dict[str, TensorShape]:
+        return {n: TensorShape(tuple(self.parameters[n].shape), self.delta_dtype(n)) for n in self.fragments[fragment]}
+
+    def max_payload_bytes(self, fragment: int) -> int:
+        """The largest a valid contribution payload of ``fragment`` can be."""
+        raw = sum(self.parameters[n].numel * numpy_dtype(self.delta_dtype(n)).itemsize for n in self.fragments[fragment])
+        return raw + PAYLOAD_HEADER_SLACK

@@ -1,0 +1,257 @@
+"""The layers of docs/architecture.md, enforced on the code: imports only go down, and never in a circle.
+
+The layer table is written once here, as data, and checked against the doc's table, so the doc and
+this test cannot drift. Every module under ``gradientmail/`` must belong to a layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "gradientmail"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+# Top to bottom, as in docs/architecture.md: a module may import its own layer or a lower one.
+# An entry ending in "/" is a folder (every module under it); any other entry is one file.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("entry points", ("gradientmail/__init__.py", "gradientmail/cli.py", "gradientmail/node.py", "gradientmail/settings.py")),
+    ("session", ("gradientmail/session/",)),
+    ("syncer", ("gradientmail/syncer/",)),
+    ("telemetry", ("gradientmail/telemetry/",)),
+    ("store", ("gradientmail/store/",)),
+    ("algorithms", ("gradientmail/algorithms/",)),
+    ("backends", ("gradientmail/backends/",)),
+    ("records", ("gradientmail/records/",)),
+    ("mailbox", ("gradientmail/mailbox/",)),
+    ("foundation", ("gradientmail/errors.py", "gradientmail/polling.py", "gradientmail/_version.py")),
+)
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a gradientmail module; ``at_import_time`` is false inside functions and TYPE_CHECKING blocks."""
+
+    source: str
+    target: str
+    at_import_time: bool
+
+
+def layer_of(relative: str) -> int | None:
+    """The index in LAYERS of a file given relative to the repo root; a file entry beats a folder."""
+    for index, (_, entries) in enumerate(LAYERS):
+        if relative in entries:
+            return index
+    matches = [
+        (len(entry), index)
+        for index, (_, entries) in enumerate(LAYERS)
+        for entry in entries
+        if entry.endswith("/") and relative.startswith(entry)
+    ]
+    return max(matches)[1] if matches else None
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name, for its __init__.py)."""
+    found: dict[str, Path] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """Every import statement at any depth, with whether it runs when the module is imported."""
+    found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
+
+    def visit(node: ast.AST, at_import_time: bool) -> None:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append((node, at_import_time))
+            return
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            at_import_time = False
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for statement in node.body:
+                visit(statement, False)
+            for statement in node.orelse:
+                visit(statement, at_import_time)
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child, at_import_time)
+
+    visit(tree, True)
+    return found
+
+
+def _known(name: str, known: dict[str, Path]) -> str | None:
+    """The longest prefix of a dotted name that is a module of the package."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in known:
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def imports(known: dict[str, Path]) -> list[Import]:
+    """Every import from one gradientmail module of another, relative imports resolved.
+
+    ``from P import X`` goes to the module P.X when there is one, else to P. ``from gradientmail import X``
+    also goes to gradientmail/__init__.py, the entry layer: the public API is for users, not for the layers.
+    """
+    found: list[Import] = []
+    for source, path in known.items():
+        is_package = path.name == "__init__.py"
+        for node, at_import_time in _import_nodes(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                if node.level:
+                    package = source if is_package else source.rpartition(".")[0]
+                    for _ in range(node.level - 1):
+                        package = package.rpartition(".")[0]
+                    base = f"{package}.{node.module}" if node.module else package
+                else:
+                    base = node.module or ""
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+                if base == "gradientmail":
+                    targets.append(base)
+            for target in targets:
+                if target != "gradientmail" and not target.startswith("gradientmail."):
+                    continue
+                resolved = _known(target, known)
+                if resolved is not None and resolved != source:
+                    found.append(Import(source, resolved, at_import_time))
+    return found
+
+
+def layer_of_module(name: str, known: dict[str, Path]) -> int | None:
+    return layer_of(known[name].relative_to(ROOT).as_posix())
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components (iterative), each sorted; only those with a cycle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    components.append(sorted(component))
+    return components
+
+
+def _one_cycle(component: list[str], graph: dict[str, set[str]]) -> list[str]:
+    """A shortest cycle through the component's first module, for the failure message."""
+    start, members = component[0], set(component)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for child in sorted(graph[node] & members):
+            if child == start:
+                return [*paths[node], start]
+            if child not in paths:
+                paths[child] = [*paths[node], child]
+                queue.append(child)
+    return component
+
+
+def doc_layers() -> list[tuple[str, tuple[str, ...]]]:
+    """(layer, its backticked modules) for each row of docs/architecture.md's layer table."""
+    lines = [line for line in ARCHITECTURE.read_text().splitlines() if line.startswith("|")]
+    header = [cell.strip().lower() for cell in lines[0].strip("|").split("|")] if lines else []
+    assert "layer" in header and "modules" in header, "docs/architecture.md needs a table with 'layer' and 'modules' columns"
+    layer_column, modules_column = header.index("layer"), header.index("modules")
+    rows = []
+    for line in lines[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if len(cells) != len(header):
+            break  # the end of the first table
+        rows.append((cells[layer_column].strip("`* "), tuple(re.findall(r"`(gradientmail/[^`]*)`", cells[modules_column]))))
+    return rows
+
+
+def test_the_doc_lists_the_same_layers_in_the_same_order() -> None:
+    assert doc_layers() == [(name, entries) for name, entries in LAYERS], (
+        "docs/architecture.md's layer table and LAYERS in tests/test_architecture.py differ: change both together"
+    )
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    known = modules()
+    homeless = [
+        f"{path.relative_to(ROOT).as_posix()} ({name})" for name, path in known.items() if layer_of_module(name, known) is None
+    ]
+    assert not homeless, (
+        "modules in no layer; add each to the layer table of docs/architecture.md "
+        "(and to LAYERS in tests/test_architecture.py):\n" + "\n".join(homeless)
+    )
+
+
+def test_imports_only_go_to_the_same_or_a_lower_layer() -> None:
+    known = modules()
+    upward = set()
+    for found in imports(known):
+        source_layer, target_layer = layer_of_module(found.source, known), layer_of_module(found.target, known)
+        if source_layer is not None and target_layer is not None and target_layer < source_layer:
+            upward.add(f"{found.source} -> {found.target} ({LAYERS[source_layer][0]} -> {LAYERS[target_layer][0]})")
+    assert not upward, "imports that go up a layer (docs/architecture.md):\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles() -> None:
+    """Counts only imports that run when a module is imported: those are the ones that can deadlock or half-initialise."""
+    known = modules()
+    graph: dict[str, set[str]] = {name: set() for name in known}
+    for found in imports(known):
+        if found.at_import_time:
+            graph[found.source].add(found.target)
+    cycles = [
+        " -> ".join(_one_cycle(component, graph)) + f"  (cycle among {', '.join(component)})"
+        for component in strongly_connected(graph)
+    ]
+    assert not cycles, "import cycles among modules (docs/architecture.md):\n" + "\n".join(cycles)
