@@ -51,6 +51,9 @@ class NodeSettings(BaseSettings):
     in_flight: int | None = _ALGORITHM["in_flight"].default
     overlap_steps: int | None = _ALGORITHM["overlap_steps"].default
     mixing: float = _ALGORITHM["mixing"].default
+    max_staleness: int = _ALGORITHM["max_staleness"].default
+    carry_unmerged: bool = _ALGORITHM["carry_unmerged"].default
+    max_carried_steps: int | None = _ALGORITHM["max_carried_steps"].default
     flush_on_close: bool = _ALGORITHM["flush_on_close"].default
     delta_dtype: str | None = _ALGORITHM["delta_dtype"].default
     grace_gamma: float = _ALGORITHM["grace_gamma"].default

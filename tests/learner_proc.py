@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", choices=["rda", "weighted_mean", "local_sgd"], default="rda")
     parser.add_argument("--overlap-steps", type=int, default=None)
     parser.add_argument("--flush", action="store_true")
+    parser.add_argument("--no-carry", dest="carry", action="store_false", help="the guide's behaviour: aligning drops work")
     parser.add_argument("--ttl", type=float, default=2.0)
     parser.add_argument("--poll", type=float, default=0.05)
     parser.add_argument("--batch", type=int, default=8)
@@ -87,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
         quorum_size=args.quorum,
         overlap_steps=args.overlap_steps,
         flush_on_close=args.flush,
+        carry_unmerged=args.carry,
     )
     if args.merge == "local_sgd":
         algorithm = gm.DiLoCo.local_sgd(**settings)

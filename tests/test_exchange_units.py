@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -193,6 +195,32 @@ def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(r
     assert store.newest_version(0) == 3
 
 
+def test_max_staleness_merges_late_deltas_with_a_discount_and_replays(tmp_path):
+    """INV-2, INV-4: with max_staleness 1 a delta one version late is merged once, its weight halved
+    and its staleness recorded; two versions late it is stale; the round replays to its bytes."""
+    store = RunStore(gm.FileMailbox(tmp_path / "box"))
+    algorithm = gm.DiLoCo.local_sgd(sync_every=10, max_staleness=1, carry_unmerged=False)
+    spec, _ = join_run(store, NUMPY, numpy_model(1.0), algorithm, "creator")
+    syncer = syncer_on(store, spec, "syncer-node")
+    contribute(store, "a", 0, numpy_model(2.0), 10, 80)
+    syncer.run_once()
+    contribute(store, "late", 0, numpy_model(3.0), 10, 80, anchor=numpy_model(1.0))  # based on v0, the round's base is v1
+    contribute(store, "a", 1, numpy_model(2.5), 10, 80)
+    syncer.run_once()
+    record = store.read_round(0, 2)
+    by_learner = {p.learner: p for p in record.participants}
+    assert by_learner["late"].staleness == 1 and by_learner["a"].staleness == 0
+    assert by_learner["late"].weight == weight(10, 80) / 2 == by_learner["a"].weight / 2
+    replayed = replay_round(store, NUMPY, spec, 0, 2)
+    assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.read_blob(record.params)
+    contribute(store, "older", 0, numpy_model(3.0), 10, 80, anchor=numpy_model(1.0))  # two versions late
+    contribute(store, "a", 2, numpy_model(2.7), 10, 80)
+    syncer.run_once()
+    assert {r.learner: r.reason for r in store.read_round(0, 3).rejected} == {"older": "stale"}
+    with pytest.raises(gm.InvalidConfig, match="merged twice"):
+        gm.DiLoCo(max_staleness=1)  # carrying learners would have their work merged twice
+
+
 def test_a_syncer_that_loses_the_race_discards_its_work(run):
     """INV-1: a syncer that loses the create-once race discards its blobs; one record per version."""
     box, store, spec, syncer = run
@@ -308,12 +336,17 @@ def wait_for(condition, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_overlap_steps_bounds_training_past_a_publish():
-    """INV-5: training runs on for overlap_steps past a publish and only then waits for the commit."""
+@pytest.mark.parametrize(("carry", "expected"), [(False, 5.0), (True, 7.0)])
+def test_overlap_steps_bounds_training_past_a_publish(carry: bool, expected: float):
+    """INV-5: training runs on for overlap_steps past a publish and only then waits for the commit.
+
+    INV-9: with ``carry_unmerged`` the two steps trained while the round was in flight are carried
+    onto the commit (5 + 2); the guide's behaviour (False) replaces them with it.
+    """
     box = gm.MemoryMailbox()
     model = numpy_model(0.0)
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo.local_sgd(sync_every=5, overlap_steps=2)
+    algorithm = gm.DiLoCo.local_sgd(sync_every=5, overlap_steps=2, carry_unmerged=carry)
     with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
         for _ in range(7):  # publish at 5, train 6 and 7, then wait for the commit before going on
             for value in model.values():
@@ -321,17 +354,16 @@ def test_overlap_steps_bounds_training_past_a_publish():
             session.step(samples=2)
         assert session.versions == {0: 1}
         assert session.stats.blocked_s >= 0.0
-        # the commit replaced the two steps trained while it was in flight
-        np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), 5.0, np.float32))
+        np.testing.assert_array_equal(model["mlp.weight"], np.full((3, 2), expected, np.float32))
     record = RunStore(box).read_round(0, 1)
-    assert [(p.steps, p.samples) for p in record.participants] == [(5, 10)]
+    assert [(p.steps, p.samples, p.carried_steps) for p in record.participants] == [(5, 10, 0)]
 
 
 def test_mixing_blends_local_training_with_the_commit():
     box = gm.MemoryMailbox()
     model = numpy_model(0.0)
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo.local_sgd(sync_every=4, overlap_steps=1, mixing=0.5)
+    algorithm = gm.DiLoCo.local_sgd(sync_every=4, overlap_steps=1, mixing=0.5, carry_unmerged=False)
     with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
         for _ in range(5):  # publish at 4 (params = 4), step 5 (params = 5) waits and aligns
             for value in model.values():
@@ -409,25 +441,95 @@ def test_a_learner_publishes_early_when_the_round_is_one_short_of_quorum():
         session.close(wait=False)
 
 
-def test_a_scheduled_exchange_waits_for_half_a_period_of_training():
-    """Quorum of one: due 3 steps after a commit, the learner publishes once it has trained 5."""
+def test_after_aligning_a_fragment_is_next_due_a_period_later():
+    """The schedule follows the run's rounds: aligned with a commit at step 7, the learner's next
+    exchange is at 17, not at its own step 10 (the guide's behaviour: aligning replaced its work)."""
     box = gm.MemoryMailbox()
-    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo(sync_every=10)
+    algorithm = gm.DiLoCo(sync_every=10, carry_unmerged=False)
     model = numpy_model(0.0)
-    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=options) as session:
-        for _ in range(6):
-            session.step(samples=1)
-        contribute(RunStore(box), "other", 0, numpy_model(0.5), 4, 4)
-        wait_for(lambda: RunStore(box).newest_version(0) == 1)
-        wait_for(lambda: (session.step(samples=1), session.versions[0] == 1)[1])  # aligned at step 7 or later
-        aligned_at = session.stats.steps
-        assert aligned_at < 10
-        while session.stats.steps < 10:  # the scheduled step: too little trained since aligning
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=QUIET) as session:
+        aligned_at = train_until_a_commit_of_another_learner(session, box)
+        while session.stats.steps < 16:  # its own step 10 passes by
             session.step(samples=1)
         session.wait_published()
         assert published(box, "me") == []
-        while session.stats.steps < aligned_at + 5:
+        session.step(samples=1)
+        session.wait_published()
+        assert [(c.anchor_version, c.steps) for c in published(box, "me")] == [(1, 17 - aligned_at)]
+        session.close(wait=False)
+
+
+def test_work_a_commit_did_not_merge_is_carried_into_the_next_contribution():
+    """INV-9: a commit that merged nothing of ours does not reset our work: at its next exchange
+    (a period after aligning, step 17) the learner publishes all 17 steps against the new
+    version, the 7 before it as carried."""
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    with gm.Session(model, algorithm=gm.DiLoCo(sync_every=10), mailbox=box, learner_id="me", options=QUIET) as session:
+        aligned_at = train_until_a_commit_of_another_learner(session, box, move_by=1.0)
+        # the learner's own 6+ steps of +1 were re-expressed on the commit, not replaced by it
+        committed = committed_params(RunStore(box), 1)
+        np.testing.assert_allclose(model["mlp.weight"], committed["mlp.weight"] + aligned_at, rtol=1e-6)
+        while session.stats.steps < aligned_at + 10:
+            move(model, 1.0)
             session.step(samples=1)
         session.wait_published()
-        assert [(c.anchor_version, c.steps) for c in published(box, "me")] == [(1, 5)]
+        (contribution,) = published(box, "me")
+        assert (contribution.anchor_version, contribution.steps, contribution.carried_steps) == (1, 17, aligned_at)
+        delta = payload.decode(box.get(contribution.payload.key))[0]
+        np.testing.assert_allclose(delta["mlp.weight"], np.full((3, 2), -17.0), rtol=1e-6)  # every step, none lost
+        store = RunStore(box)
+        syncer_on(store, store.read_spec(), "test-syncer").run_once()  # the round merging it, then its replay (INV-4)
+        record = store.read_round(0, 2)
+        assert [(p.learner, p.steps, p.carried_steps) for p in record.participants] == [("me", 17, aligned_at)]
+        replayed = replay_round(store, NUMPY, store.read_spec(), 0, 2)
+        assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.read_blob(record.params)
+        session.close(wait=False)
+
+
+def test_work_past_the_carry_limit_is_dropped_and_reported_with_its_reason():
+    """INV-9: unmerged work spanning more than max_carried_steps is re-aligned, not carried, and the
+    next merged contribution reports it; the round record lists it with reason carry_limit."""
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    algorithm = gm.DiLoCo(sync_every=10, max_carried_steps=3)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=QUIET) as session:
+        aligned_at = train_until_a_commit_of_another_learner(session, box, move_by=1.0)
+        np.testing.assert_array_equal(model["mlp.weight"], committed_params(RunStore(box), 1)["mlp.weight"])  # dropped
+        while session.stats.steps < aligned_at + 10:  # next due a period after aligning
+            session.step(samples=1)
+        session.wait_published()
+        (contribution,) = published(box, "me")
+        assert contribution.carried_steps == 0 and contribution.steps == 10
+        assert [(r.steps, r.samples, r.reason, r.at_version) for r in contribution.realigned] == [(7, 7, "carry_limit", 1)]
+        store = RunStore(box)
+        syncer_on(store, store.read_spec(), "test-syncer").run_once()
+        (participant,) = store.read_round(0, 2).participants
+        assert participant.realigned == contribution.realigned
+        session.close(wait=False)
+
+
+def move(model: dict[str, np.ndarray], by: float) -> None:
+    for value in model.values():
+        value += by
+
+
+QUIET = gm.SessionOptions(lease_ttl_s=2.0, poll_interval_s=1.0, run_syncer=False, commit_timeout_s=1.0)
+"""A learner whose exchange looks at the mailbox once a second and that never closes rounds,
+so a test can commit a round between two of its looks (it never sees that round open)."""
+
+
+def train_until_a_commit_of_another_learner(session: gm.Session, box: gm.Mailbox, move_by: float = 0.0) -> int:
+    """Train 6 steps, commit another learner's contribution as version 1, align with it; the step it aligned at."""
+    for _ in range(6):
+        move(session.model, move_by)
+        session.step(samples=1)
+    store = RunStore(box)
+    contribute(store, "other", 0, numpy_model(0.5), 4, 4)
+    syncer_on(store, store.read_spec(), "test-syncer").run_once()
+    assert store.newest_version(0) == 1
+    time.sleep(1.5 * QUIET.poll_interval_s)  # the exchange's next look fetches the commit
+    move(session.model, move_by)
+    session.step(samples=1)  # the step aligns with it
+    assert session.versions[0] == 1 and session.stats.steps == 7
+    return 7

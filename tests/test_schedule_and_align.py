@@ -12,12 +12,13 @@ from gradientmail.backends import Backend, get_backend
 from tests.backend_params import BACKENDS, tensor, values
 
 
-def test_due_by_offset_is_the_staircase_keyed_by_step_within_a_period():
-    table = schedule.due_by_offset(fragments=8, sync_every=100)
-    assert table == {12: (0,), 25: (1,), 37: (2,), 50: (3,), 62: (4,), 75: (5,), 87: (6,), 0: (7,)}
-    for step in range(1, 301):  # the same fragments as the staircase's own rule, at every step
-        assert list(table.get(step % 100, ())) == due_fragments(step, 8, 100)
-    assert schedule.due_by_offset(fragments=1, sync_every=7) == {0: (0,)}
+def test_the_first_exchange_is_on_the_staircase_and_later_ones_a_period_after_the_round():
+    firsts = [schedule.first_due_step(p, 8, 100) for p in range(8)]
+    assert firsts == [12, 25, 37, 50, 62, 75, 87, 100]
+    assert firsts == [next(t for t in range(1, 201) if p in due_fragments(t, 8, 100)) for p in range(8)]
+    assert schedule.first_due_step(0, 1, 7) == 7
+    assert schedule.next_due(aligned_at=53, merged_publish=None, sync_every=50) == 103  # late: re-phased on the commit
+    assert schedule.next_due(aligned_at=53, merged_publish=50, sync_every=50) == 100  # in the round: no slip
 
 
 @pytest.mark.parametrize(("sync_every", "half"), [(1, 1), (2, 1), (10, 5), (11, 6), (100, 50)])

@@ -5,7 +5,15 @@ from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.fragments import FragmentPlan, due_fragments, is_due, plan_fragments
 from gradientmail.algorithms.merge import Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
 from gradientmail.algorithms.outer import NesterovOuter, OuterState
-from gradientmail.algorithms.schedule import OnSchedule, due_by_offset, half_period, must_wait_for_commit, on_schedule, slot_free
+from gradientmail.algorithms.schedule import (
+    OnSchedule,
+    first_due_step,
+    half_period,
+    must_wait_for_commit,
+    next_due,
+    on_schedule,
+    slot_free,
+)
 
 __all__ = [
     "DiLoCo",
@@ -22,7 +30,8 @@ __all__ = [
     "is_due",
     "due_fragments",
     "OnSchedule",
-    "due_by_offset",
+    "first_due_step",
+    "next_due",
     "half_period",
     "on_schedule",
     "slot_free",

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 from gradientmail.backends import Backend, Tensor
 
-__all__ = ["aligned_parameters", "pseudo_gradient"]
+__all__ = ["aligned_parameters", "carried_parameters", "pseudo_gradient"]
 
 
 def pseudo_gradient(
@@ -37,3 +37,16 @@ def aligned_parameters(
     return {
         name: backend.add(backend.scale(local[name], mixing), backend.scale(committed[name], 1 - mixing)) for name in committed
     }
+
+
+def carried_parameters(
+    backend: Backend, committed: Mapping[str, Tensor], start: Mapping[str, Tensor], local: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
+    """A commit with the learner's unmerged work carried onto it: θ_commit − (θ_start − θ_local).
+
+    ``start`` is where the unmerged work began: the anchor when the commit merged nothing of
+    this learner's, or the parameters it published when it merged that contribution. The
+    learner's next delta against the commit (θ_commit − θ) is then exactly that work plus
+    what it trains next, so nothing it trained is lost (DiLoCo.carry_unmerged).
+    """
+    return {name: backend.sub(committed[name], backend.sub(start[name], local[name])) for name in committed}

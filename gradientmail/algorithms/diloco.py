@@ -25,6 +25,7 @@ RUN_FIELDS = (
     "outer_lr",
     "outer_momentum",
     "quorum_size",
+    "max_staleness",
     "delta_dtype",
     "grace_gamma",
     "grace_tau",
@@ -32,7 +33,8 @@ RUN_FIELDS = (
 )
 """Fields every node of a run must share (compared against the manifest on join).
 
-The rest (``in_flight``, ``overlap_steps``, ``mixing``, ``flush_on_close``) shape one
+The rest (``in_flight``, ``overlap_steps``, ``mixing``, ``carry_unmerged``, ``max_carried_steps``,
+``flush_on_close``) shape one
 learner's own loop, so a Mac learner and a GPU learner may set them differently.
 """
 
@@ -56,19 +58,31 @@ class DiLoCo(FrozenConfig):
     """Nesterov outer momentum β; 0 disables momentum."""
     quorum_size: int = Field(default=1, gt=0)
     """Accepted contributions a round waits for before its grace window (K)."""
+    max_staleness: int = Field(default=0, ge=0)
+    """Versions a contribution's base may lag the round's and still be merged, its weight times
+    1/(1 + staleness) (asynchronous Local-SGD's rule). 0: only deltas against the round's own
+    base (the guide). Needs ``carry_unmerged=False`` on every learner: a learner that carries
+    its unmerged work would have it merged twice."""
     in_flight: int | None = Field(default=None, gt=0)
     """Most fragments one learner may have published and not yet aligned; None: no bound."""
     overlap_steps: int | None = Field(default=None, ge=0)
     """Most steps a learner trains past a publish before waiting for the commit; None: never waits."""
     mixing: float = Field(default=0.0, ge=0, lt=1)
     """Share of the local parameters kept when aligning (α in θ ← α·θ_local + (1−α)·θ_commit); 0 replaces."""
+    carry_unmerged: bool = True
+    """Carry a learner's work that a commit did not merge across the alignment
+    (θ ← θ_commit − Δ_unmerged), so its next contribution holds it; False: the guide's
+    behaviour, aligning replaces it. See docs/session.md for the measurements behind the default."""
+    max_carried_steps: int | None = Field(default=None, gt=0)
+    """Most steps of unmerged work a learner carries; past it the work is dropped and reported
+    with reason ``carry_limit``. None: 4 × ``sync_every``."""
     flush_on_close: bool = False
     """Publish the steps trained since the last contribution when the session closes."""
     delta_dtype: str | None = None
     """dtype deltas travel in; None means each parameter's own dtype."""
-    grace_gamma: float = Field(default=0.2, ge=0, le=1)
+    grace_gamma: float = Field(default=0.5, ge=0, le=1)
     """γ: share of the slack a grace window may spend."""
-    grace_tau: float = Field(default=2.0, ge=0)
+    grace_tau: float = Field(default=4.0, ge=0)
     """τ: learner steps of slack a round may use (grace = γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))."""
     grace_max_s: float = Field(default=60.0, ge=0)
     """Upper bound on one grace window, in seconds."""
@@ -86,6 +100,20 @@ class DiLoCo(FrozenConfig):
         if value is not None and value not in FLOAT_DTYPES:
             raise ValueError(f"must be None or one of {sorted(FLOAT_DTYPES)}")
         return value
+
+    @field_validator("carry_unmerged")
+    @classmethod
+    def _not_with_mixing(cls, value: bool, info: ValidationInfo) -> bool:
+        if value and info.data.get("mixing"):
+            raise ValueError("carrying unmerged work and mixing are alternatives: set carry_unmerged=False to use mixing")
+        if value and info.data.get("max_staleness"):
+            raise ValueError("carried work would be merged twice when stale deltas are accepted: set carry_unmerged=False")
+        return value
+
+    @property
+    def carry_limit_steps(self) -> int:
+        """``max_carried_steps``, or its default of 4 × ``sync_every``."""
+        return self.max_carried_steps if self.max_carried_steps is not None else 4 * self.sync_every
 
     @field_validator("in_flight")
     @classmethod

@@ -36,6 +36,14 @@ def weight(steps: int, samples: int) -> float:
     return (samples * samples) / steps
 
 
+def staleness_discount(staleness: int) -> float:
+    """The factor on the weight of a delta based ``staleness`` versions before its round's base:
+    1/(1 + staleness), as asynchronous Local-SGD discounts late updates (1 for a fresh one)."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be non-negative, got {staleness}")
+    return 1.0 / (1 + staleness)
+
+
 def normalized(weights: Sequence[float]) -> list[float]:
     """Weights divided by their sum, in Python floats (before any tensor is scaled)."""
     values = [float(w) for w in weights]

@@ -1,13 +1,17 @@
 """When a learner publishes a fragment: the rules of the learner's schedule, as pure functions.
 
-The staircase itself (which fragment is due at which step) is in
-:mod:`gradientmail.algorithms.fragments`. The rules here decide what a due fragment does:
+The staircase itself (which fragment is due at which step of a period) is in
+:mod:`gradientmail.algorithms.fragments`; a learner follows it from the step it joins, and
+after each alignment counts the period from its merged publish or the alignment (:func:`next_due`).
+The rules here decide when a fragment is due and what a due fragment does:
 
 * **Half a period.** Every round applies a full outer momentum step, so a learner whose
   schedule falls just after it aligned must not open a round of a few steps. A scheduled
   exchange needs ⌈H/2⌉ steps trained since the fragment aligned. With ``quorum_size ≥ 2`` a
   learner short of that skips the exchange (the next round pulls it in early); with a
   quorum of one nothing would, so it publishes once it reaches the half period.
+* **Open rounds.** A learner that sees a round other learners opened on its version joins it
+  early (see :func:`joins_open_round`).
 * **In flight.** With ``in_flight`` set, a learner holds at most that many published,
   uncommitted fragments; a due fragment beyond that is deferred until a slot frees.
 * **Overlap.** With ``overlap_steps`` set, a learner trains at most that many steps past a
@@ -20,7 +24,16 @@ from enum import Enum
 
 from gradientmail.algorithms.fragments import exchange_offset
 
-__all__ = ["OnSchedule", "due_by_offset", "half_period", "must_wait_for_commit", "on_schedule", "slot_free"]
+__all__ = [
+    "OnSchedule",
+    "first_due_step",
+    "half_period",
+    "joins_open_round",
+    "must_wait_for_commit",
+    "next_due",
+    "on_schedule",
+    "slot_free",
+]
 
 
 class OnSchedule(Enum):
@@ -33,12 +46,22 @@ class OnSchedule(Enum):
     """Short of half a period with a larger quorum: the next round pulls it in early."""
 
 
-def due_by_offset(fragments: int, sync_every: int) -> dict[int, tuple[int, ...]]:
-    """Fragments keyed by the step within a period (``step % sync_every``) at which they are due."""
-    due: dict[int, list[int]] = {}
-    for fragment in range(fragments):
-        due.setdefault(exchange_offset(fragment, fragments, sync_every), []).append(fragment)
-    return {offset: tuple(members) for offset, members in due.items()}
+def first_due_step(fragment: int, fragments: int, sync_every: int) -> int:
+    """The step of a learner's first exchange of ``fragment``: its place on the staircase."""
+    return exchange_offset(fragment, fragments, sync_every) or sync_every
+
+
+def next_due(aligned_at: int, merged_publish: int | None, sync_every: int) -> int:
+    """The step of a fragment's next exchange after it aligned with a commit at ``aligned_at``.
+
+    If the commit merged the contribution the learner published at ``merged_publish``, the
+    learner was in that round: its period goes on from the publish, so its rounds do not slip
+    by the steps a commit takes to arrive. If not (it was late, or had not published), it
+    counts the period from the alignment: every learner aligns with a commit within a poll of
+    the others, so a learner that started apart or fell behind joins the others' rounds
+    after one commit, where counting ``step % sync_every`` would keep it apart for the run.
+    """
+    return (merged_publish if merged_publish is not None else aligned_at) + sync_every
 
 
 def half_period(sync_every: int) -> int:
@@ -51,6 +74,18 @@ def on_schedule(steps_since_align: int, sync_every: int, quorum_size: int) -> On
     if steps_since_align >= half_period(sync_every):
         return OnSchedule.PUBLISH
     return OnSchedule.PUBLISH_AT_HALF_PERIOD if quorum_size == 1 else OnSchedule.SKIP
+
+
+def joins_open_round(steps_since_align: int, sync_every: int, quorum_size: int) -> bool:
+    """Whether a fragment publishes early into a round other learners have opened.
+
+    With ``quorum_size ≥ 2`` the round waits one short of quorum, so any trained step joins it.
+    With a quorum of one the round is already closing: only a fragment with half a period
+    trained joins (inside the grace window), so no round gains a contribution of a few steps.
+    """
+    if steps_since_align <= 0:
+        return False
+    return quorum_size >= 2 or steps_since_align >= half_period(sync_every)
 
 
 def slot_free(published_fragments: int, in_flight: int | None) -> bool:

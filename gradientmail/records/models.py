@@ -131,6 +131,23 @@ class PayloadRef(BaseModel):
         return value
 
 
+RealignReason = Literal["carry_limit"]
+"""Why a learner dropped unmerged work instead of carrying it: ``carry_limit``, it spanned more
+steps than ``DiLoCo.max_carried_steps`` allows."""
+
+
+class Realignment(BaseModel):
+    """Work a learner dropped (re-aligned to a commit without carrying it), reported with its
+    next contribution so that every learner step is accounted for in a round record."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    steps: int = Field(ge=0)
+    samples: int = Field(ge=0)
+    reason: RealignReason
+    at_version: int = Field(ge=0)
+    """The version the learner re-aligned to."""
+
+
 class Contribution(Record):
     """A learner's delta (anchor − local parameters) for one fragment, against one version."""
 
@@ -139,7 +156,14 @@ class Contribution(Record):
     fragment: int = Field(ge=0)
     anchor_version: int = Field(ge=0)
     steps: int = Field(ge=0)
+    """Local steps in the delta: since the learner's work on this fragment was last merged,
+    including ``carried_steps``."""
     samples: int = Field(ge=0)
+    carried_steps: int = Field(default=0, ge=0)
+    """Of ``steps``, those trained before the learner aligned with ``anchor_version`` and carried
+    across that alignment (``DiLoCo.carry_unmerged``)."""
+    realigned: tuple[Realignment, ...] = ()
+    """Work this learner dropped since its previous merged contribution, with the reason."""
     payload: PayloadRef
     final: bool = False
     """Published on close (flush): a round made only of final contributions skips momentum."""
@@ -156,6 +180,13 @@ class Participant(BaseModel):
     steps: int
     samples: int
     weight: float
+    carried_steps: int = 0
+    """Of ``steps``, those carried across an alignment (see ``Contribution.carried_steps``)."""
+    staleness: int = 0
+    """Versions the contribution's base lagged the round's (``DiLoCo.max_staleness``); its
+    weight already includes the discount 1/(1 + staleness)."""
+    realigned: tuple[Realignment, ...] = ()
+    """Work the learner reported dropped since its previous merged contribution."""
 
 
 RejectionReason = Literal[
@@ -181,6 +212,8 @@ class RoundTiming(BaseModel):
     quorum_wait_s: float = 0.0
     grace_s: float = 0.0
     sync_s: float = 0.0
+    arrival_spread_s: float = 0.0
+    """Seconds between the first and the last accepted contribution's arrival (syncer clock)."""
 
 
 class RoundRecord(Record):

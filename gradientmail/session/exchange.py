@@ -41,6 +41,10 @@ class Commit:
     fragment: int
     version: int
     params: dict[str, np.ndarray]
+    base_version: int
+    """The version the learner was aligned with when this was fetched."""
+    ours_merged: bool
+    """Whether the round built on ``base_version`` merged a contribution of this learner."""
 
 
 class Exchange:
@@ -78,8 +82,8 @@ class Exchange:
         self._lock = threading.Lock()
         self._loop = PollingLoop(f"gm-exchange-{learner_id}", self._pass, poll_interval_s)
         self._next_sequence = 1
-        self.others_publishing: set[int] = set()
-        """Fragments whose current round another learner has opened (quorum ≥ 2 only)."""
+        self.open_rounds: dict[int, int] = {}
+        """Fragment → the version other learners have opened a round on (see ``_watch_rounds``)."""
         self.bytes_published = 0
         self.bytes_fetched = 0
 
@@ -147,23 +151,27 @@ class Exchange:
             record = self._store.read_round(fragment, newest)
             params = self._store.read_params(self._spec, record)
             self.bytes_fetched += record.params.size_bytes
+            first = record if newest == known + 1 else self._store.read_round(fragment, known + 1)
+            ours = any(p.learner == self._learner for p in first.participants)
             self._known[fragment] = newest
             with self._lock:
-                self._ready[fragment] = Commit(fragment, newest, params)
+                waiting = self._ready.get(fragment)  # not aligned with yet: the learner's base is still its base
+                base, ours = (waiting.base_version, waiting.ours_merged) if waiting is not None else (known, ours)
+                self._ready[fragment] = Commit(fragment, newest, params, base, ours)
             self._on_change()
 
     def _watch_rounds(self) -> None:
-        """With quorum ≥ 2, notice rounds one short of quorum so we can publish early."""
-        quorum = self._spec.algorithm.quorum_size
-        if quorum < 2:
-            return
+        """Notice rounds other learners have opened on our versions, so we can join them early:
+        one short of quorum (quorum ≥ 2), or any open round (quorum 1, where the grace window
+        waits for late arrivals)."""
+        needed = max(1, self._spec.algorithm.quorum_size - 1)
         opened = {
-            fragment
+            fragment: known
             for fragment, known in enumerate(self._known)
-            if len(self._store.contributors(fragment, known) - {self._learner}) >= quorum - 1
+            if len(self._store.contributors(fragment, known) - {self._learner}) >= needed
         }
-        if opened != self.others_publishing:
-            self.others_publishing = opened
+        if opened != self.open_rounds:
+            self.open_rounds = opened
             if opened:
                 self._on_change()
 

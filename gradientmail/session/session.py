@@ -19,12 +19,12 @@ from types import TracebackType
 from typing import Any
 
 from gradientmail.algorithms import schedule
-from gradientmail.algorithms.align import aligned_parameters, pseudo_gradient
+from gradientmail.algorithms.align import aligned_parameters, carried_parameters, pseudo_gradient
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, Tensor, backend_for, get_backend
 from gradientmail.errors import InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, open_mailbox
-from gradientmail.records import check_learner_id, default_learner_id
+from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.session.exchange import Commit, Exchange, Publication
 from gradientmail.session.join import join_run
 from gradientmail.store import ContributionCounts, RunSpec, RunStore
@@ -34,6 +34,9 @@ from gradientmail.telemetry import hooks as telemetry
 __all__ = ["Session", "SessionOptions", "SessionStats"]
 
 log = logging.getLogger(__name__)
+
+_FLUSH_ATTEMPTS = 3
+"""Final contributions published at close when a round closes without the previous ones."""
 
 
 @dataclass(frozen=True)
@@ -69,13 +72,25 @@ class _Fragment:
     names: tuple[str, ...]
     anchor: dict[str, Tensor]
     anchor_version: int
+    anchor_step: int = 0
+    """Local step at which the learner aligned with ``anchor_version``."""
     align_step: int = 0
+    """Local step where the fragment's unmerged work begins (before ``anchor_step`` when work
+    was carried across the alignment)."""
     align_samples: int = 0
     published_step: int | None = None
     """Local step at which our contribution against ``anchor_version`` went out, if any."""
+    published_samples: int = 0
+    published_params: dict[str, Tensor] | None = None
+    """The parameters the published delta ended at: where work after it begins."""
+    realigned: list[Realignment] = field(default_factory=list)
+    """Work dropped since the last merged contribution, reported with the next one."""
     deferred: bool = False
     """Due while ``in_flight`` was exhausted: publish as soon as a slot frees."""
     half_period_pending: bool = False
+    due_step: int = 0
+    """The local step at which the schedule next asks for this fragment: the staircase at first,
+    then ``sync_every`` steps after each alignment (the learner follows the run's rounds)."""
     """Due with less than half a period trained (quorum of one): publish once it has that much."""
 
 
@@ -85,7 +100,8 @@ class _Running:
 
     spec: RunSpec
     fragments: list[_Fragment]
-    due_by_offset: dict[int, tuple[int, ...]]
+    next_due: int
+    """The earliest ``due_step`` of any fragment: what ``step()`` compares against."""
     exchange: Exchange
     syncer: SyncerRuntime | None
     open: bool = True
@@ -100,6 +116,8 @@ class SessionStats:
     alignments: int = 0
     blocked_s: float = 0.0
     versions: list[int] = field(default_factory=list)
+    dropped_at_close: list[int] = field(default_factory=list)
+    """Per fragment: unmerged steps the model left behind at close (set to the newest commit)."""
 
 
 class Session:
@@ -172,6 +190,7 @@ class Session:
             self.backend.write_parameters(self.model, committed)
             fragments.append(_Fragment(names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
+        self.stats.dropped_at_close = [0] * len(fragments)
         exchange = Exchange(
             self._store,
             spec,
@@ -195,7 +214,9 @@ class Session:
                 lease_ttl_s=self.options.lease_ttl_s,
                 poll_interval_s=self.options.poll_interval_s,
             )
-        self._run = _Running(spec, fragments, schedule.due_by_offset(len(fragments), self.algorithm.sync_every), exchange, syncer)
+        for index, state in enumerate(fragments):
+            state.due_step = schedule.first_due_step(index, len(fragments), self.algorithm.sync_every)
+        self._run = _Running(spec, fragments, min(f.due_step for f in fragments), exchange, syncer)
         exchange.start()
         if syncer is not None:
             syncer.start()
@@ -222,7 +243,7 @@ class Session:
         stats = self.stats
         stats.steps += 1
         stats.samples += samples
-        if self._attention or (stats.steps % self.algorithm.sync_every) in run.due_by_offset:
+        if self._attention or stats.steps >= run.next_due:
             self._exchange_between_steps(run)
 
     def _lease_info(self) -> dict[str, object]:
@@ -241,7 +262,7 @@ class Session:
     def _exchange_between_steps(self, run: _Running) -> None:
         self._attention = False
         self._align_ready(run)
-        due = self._scheduled_now(run) | run.exchange.others_publishing | {i for i, f in enumerate(run.fragments) if f.deferred}
+        due = self._scheduled_now(run) | self._joining(run) | {i for i, f in enumerate(run.fragments) if f.deferred}
         for fragment in sorted(due):
             self._publish(run, fragment, final=False)
         for fragment, state in enumerate(run.fragments):
@@ -256,16 +277,29 @@ class Session:
         """Fragments to publish by the schedule now (see :mod:`gradientmail.algorithms.schedule`)."""
         steps, every = self.stats.steps, self.algorithm.sync_every
         due: set[int] = set()
-        for fragment in run.due_by_offset.get(steps % every, ()):
-            state = run.fragments[fragment]
+        for fragment, state in enumerate(run.fragments):
+            if state.due_step > steps:
+                continue
+            state.due_step += every * (1 + (steps - state.due_step) // every)  # the same step of the next period
             action = schedule.on_schedule(steps - state.align_step, every, self.algorithm.quorum_size)
             if action is schedule.OnSchedule.PUBLISH:
                 due.add(fragment)
             elif action is schedule.OnSchedule.PUBLISH_AT_HALF_PERIOD:
                 state.half_period_pending = True
+        run.next_due = min(f.due_step for f in run.fragments)
         half = schedule.half_period(every)
         due.update(i for i, f in enumerate(run.fragments) if f.half_period_pending and steps - f.align_step >= half)
         return due
+
+    def _joining(self, run: _Running) -> set[int]:
+        """Fragments to publish early into rounds other learners have opened on our anchor."""
+        every, quorum = self.algorithm.sync_every, self.algorithm.quorum_size
+        return {
+            fragment
+            for fragment, version in run.exchange.open_rounds.items()
+            if version == run.fragments[fragment].anchor_version
+            and schedule.joins_open_round(self.stats.steps - run.fragments[fragment].align_step, every, quorum)
+        }
 
     def _align_ready(self, run: _Running) -> None:
         for commit in run.exchange.take_ready().values():
@@ -276,14 +310,49 @@ class Session:
         if commit.version <= state.anchor_version:
             return
         committed = self._tensors(commit.params)
-        local = self.backend.read_parameters(self.model, state.names) if self.algorithm.mixing > 0 else {}
-        self.backend.write_parameters(self.model, aligned_parameters(self.backend, local, committed, self.algorithm.mixing))
-        state.anchor = committed
-        state.anchor_version = commit.version
-        state.align_step, state.align_samples = self.stats.steps, self.stats.samples
-        state.published_step = None
+        merged = commit.ours_merged and state.published_step is not None and commit.base_version == state.anchor_version
+        published_step = state.published_step
+        if self.algorithm.carry_unmerged:
+            aligned = self._carry(state, merged, commit.version, committed)
+        else:  # the guide's behaviour: the commit replaces (or, with mixing, blends with) the local work
+            local = self.backend.read_parameters(self.model, state.names) if self.algorithm.mixing > 0 else {}
+            aligned = aligned_parameters(self.backend, local, committed, self.algorithm.mixing)
+            state.align_step, state.align_samples = self.stats.steps, self.stats.samples
+        self.backend.write_parameters(self.model, aligned)
+        state.anchor, state.anchor_version, state.anchor_step = committed, commit.version, self.stats.steps
+        state.published_step, state.published_params = None, None
+        state.due_step = schedule.next_due(self.stats.steps, published_step if merged else None, self.algorithm.sync_every)
+        state.half_period_pending = False
+        run.next_due = min(f.due_step for f in run.fragments)
         self.stats.alignments += 1
         self.stats.versions[commit.fragment] = commit.version
+
+    def _carry(self, state: _Fragment, merged: bool, version: int, committed: dict[str, Tensor]) -> Mapping[str, Tensor]:
+        """The parameters after aligning with a commit while carrying the work it did not merge.
+
+        If the commit merged our contribution, the unmerged work is what we trained since
+        publishing it; otherwise all we trained since our work was last merged. Work spanning
+        more than ``max_carried_steps`` is dropped instead and reported with the next contribution.
+        """
+        if merged:
+            assert state.published_params is not None and state.published_step is not None
+            start, state.align_step, state.align_samples = state.published_params, state.published_step, state.published_samples
+            state.realigned.clear()  # the merged contribution reported them
+        else:
+            start = state.anchor
+        span = self.stats.steps - state.align_step
+        if span > self.algorithm.carry_limit_steps:
+            state.realigned.append(
+                Realignment(
+                    steps=span, samples=self.stats.samples - state.align_samples, reason="carry_limit", at_version=version
+                )
+            )
+            state.align_step, state.align_samples = self.stats.steps, self.stats.samples
+            return committed
+        if span == 0:
+            return committed
+        local = self.backend.read_parameters(self.model, state.names)
+        return carried_parameters(self.backend, committed, start, local)
 
     def _publish(self, run: _Running, fragment: int, *, final: bool) -> None:
         state = run.fragments[fragment]
@@ -299,12 +368,18 @@ class Session:
         local = self.backend.read_parameters(self.model, state.names)
         delta = pseudo_gradient(self.backend, state.anchor, local, run.spec.delta_dtype)
         counts = ContributionCounts(
-            steps=steps, samples=self.stats.samples - state.align_samples, final=final, step_time_s=self._step_time_s
+            steps=steps,
+            samples=self.stats.samples - state.align_samples,
+            final=final,
+            step_time_s=self._step_time_s,
+            carried_steps=max(0, state.anchor_step - state.align_step),
+            realigned=tuple(state.realigned),
         )
         run.exchange.publish(
             Publication(fragment, state.anchor_version, {n: self.backend.to_numpy(t) for n, t in delta.items()}, counts)
         )
-        state.published_step = self.stats.steps
+        state.published_step, state.published_samples = self.stats.steps, self.stats.samples
+        state.published_params = local if self.algorithm.carry_unmerged else None
         state.half_period_pending = False
         self.stats.contributions += 1
 
@@ -349,12 +424,7 @@ class Session:
         try:
             if wait:
                 self._align_ready(run)
-                if self.algorithm.flush_on_close:
-                    for fragment in range(len(run.fragments)):
-                        self._publish(run, fragment, final=True)
-                for fragment, state in enumerate(run.fragments):
-                    if state.published_step is not None:
-                        self._wait_for_commit(run, fragment, state.anchor_version)
+                self._finish_rounds(run)
                 self._wait_for_open_rounds(run)
                 self._load_newest(run)
         finally:
@@ -363,6 +433,20 @@ class Session:
                 run.syncer.stop(resign=True)
             if self._owns_mailbox:
                 self._mailbox.close()
+
+    def _finish_rounds(self, run: _Running) -> None:
+        """Wait for the rounds our contributions are in; with ``flush_on_close`` publish the
+        unmerged work first, and while carrying, again if a round closed without it."""
+        attempts = _FLUSH_ATTEMPTS if self.algorithm.flush_on_close and self.algorithm.carry_unmerged else 1
+        for _ in range(attempts):
+            if self.algorithm.flush_on_close:
+                for fragment in range(len(run.fragments)):
+                    self._publish(run, fragment, final=True)
+            for fragment, state in enumerate(run.fragments):
+                if state.published_step is not None:
+                    self._wait_for_commit(run, fragment, state.anchor_version)
+            if all(state.align_step == self.stats.steps for state in run.fragments):
+                return
 
     def wait_published(self, timeout_s: float | None = None) -> bool:
         """Block until every contribution handed to the background is in the mailbox."""
@@ -389,6 +473,7 @@ class Session:
 
     def _load_newest(self, run: _Running) -> None:
         for fragment, state in enumerate(run.fragments):
+            self.stats.dropped_at_close[fragment] = self.stats.steps - state.align_step
             newest = self._store.newest_version(fragment, known=state.anchor_version)
             if newest is not None and newest > state.anchor_version:
                 params = self._tensors(self._store.read_params(run.spec, self._store.read_round(fragment, newest)))

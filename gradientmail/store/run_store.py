@@ -27,6 +27,7 @@ from gradientmail.records import (
     Manifest,
     Participant,
     PayloadRef,
+    Realignment,
     Rejection,
     RoundRecord,
     RoundTiming,
@@ -61,6 +62,8 @@ class ContributionCounts:
     samples: int
     final: bool = False
     step_time_s: float | None = None
+    carried_steps: int = 0
+    realigned: tuple[Realignment, ...] = ()
 
 
 class RunStore:
@@ -215,6 +218,8 @@ class RunStore:
             payload=PayloadRef(key=key.blob, sha256=sha256_hex(data), size_bytes=len(data)),
             final=counts.final,
             step_time_s=counts.step_time_s,
+            carried_steps=counts.carried_steps,
+            realigned=counts.realigned,
         )
         try:
             self._mailbox.create(key.record, contribution.to_json())

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gradientmail.algorithms.merge import merge_from_manifest, merge_tensors, weight
+from gradientmail.algorithms.merge import merge_from_manifest, merge_tensors, staleness_discount, weight
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend, Tensor
 from gradientmail.errors import (
@@ -50,6 +50,7 @@ class Accepted:
     contribution: Contribution
     delta: dict[str, Tensor]
     weight: float
+    staleness: int = 0
 
 
 def validate(
@@ -66,10 +67,11 @@ def validate(
         return reject("malformed", str(exc))
     if contribution.learner != key.learner or contribution.fragment != key.fragment:
         return reject("malformed", f"record names learner {contribution.learner!r} fragment {contribution.fragment}")
-    if contribution.anchor_version != base_version:
+    staleness = base_version - contribution.anchor_version
+    if not 0 <= staleness <= spec.algorithm.max_staleness:
         return reject("stale", f"based on version {contribution.anchor_version}, current is {base_version}")
     try:
-        contribution_weight = weight(contribution.steps, contribution.samples)
+        contribution_weight = weight(contribution.steps, contribution.samples) * staleness_discount(staleness)
     except ContributionRejected as exc:
         return reject("zero_steps" if exc.reason == "zero_steps" else "invalid_counts", str(exc))
     if contribution.payload.size_bytes > spec.max_payload_bytes(key.fragment):
@@ -87,7 +89,7 @@ def validate(
     for name, tensor in delta.items():
         if not backend.all_finite(tensor):
             return reject("non_finite", f"{name} holds NaN or infinite values")
-    return Accepted(key, contribution, delta, contribution_weight)
+    return Accepted(key, contribution, delta, contribution_weight, staleness)
 
 
 def apply_round(

@@ -45,6 +45,8 @@ class OpenRound:
     accepted: list[Accepted] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     first_seen_at: float | None = None
+    last_seen_at: float | None = None
+    """When the latest accepted contribution arrived: with ``first_seen_at``, the arrival spread."""
     quorum_at: float | None = None
     grace_s: float = 0.0
     fetch_s: float = 0.0
@@ -53,6 +55,11 @@ class OpenRound:
     @property
     def learners(self) -> set[str]:
         return {a.contribution.learner for a in self.accepted}
+
+    @property
+    def learner_bases(self) -> set[tuple[str, int]]:
+        """(learner, base version) of each accepted contribution: one of each may be merged."""
+        return {(a.contribution.learner, a.contribution.anchor_version) for a in self.accepted}
 
 
 @dataclass
@@ -157,7 +164,7 @@ class SyncerRuntime:
             if key.record in current.seen or key.base_version > view.version:
                 continue  # a newer base means our view lags; the next pass reloads
             current.seen.add(key.record)
-            if key.base_version < view.version:
+            if key.base_version < view.version and not self._mergeable_late(fragment, key, view):
                 self._old_contribution(fragment, key, view)
                 continue
             started = self._clock()
@@ -165,7 +172,7 @@ class SyncerRuntime:
             current.fetch_s += self._clock() - started
             if isinstance(outcome, Rejection):
                 current.rejected.append(outcome)
-            elif outcome.contribution.learner in current.learners:
+            elif (outcome.contribution.learner, outcome.contribution.anchor_version) in current.learner_bases:
                 current.rejected.append(
                     Rejection(
                         learner=key.learner,
@@ -176,13 +183,25 @@ class SyncerRuntime:
                 )
             else:
                 current.accepted.append(outcome)
+                current.last_seen_at = self._clock()
                 if current.first_seen_at is None:
-                    current.first_seen_at = self._clock()
+                    current.first_seen_at = current.last_seen_at
+
+    def _mergeable_late(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> bool:
+        """A contribution based on an older version that ``max_staleness`` lets into this round:
+        within the bound, and in no round record yet (neither merged nor rejected)."""
+        if view.version - key.base_version > self.spec.algorithm.max_staleness:
+            return False
+        return not any(key.record in self._keys_listed_by(fragment, v) for v in range(key.base_version + 1, view.version + 1))
 
     def _old_contribution(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> None:
         """A contribution against an older version: garbage once merged, else stale."""
-        if key.record in self._keys_listed_by(fragment, key.base_version + 1):
-            if key.base_version + 1 < view.version:  # keep the newest round's inputs for replay
+        last_round = key.base_version + 1 + self.spec.algorithm.max_staleness  # the last round that could list it
+        if any(
+            key.record in self._keys_listed_by(fragment, v)
+            for v in range(key.base_version + 1, min(last_round, view.version) + 1)
+        ):
+            if last_round < view.version:  # keep the inputs of every round that could still be replayed
                 self.store.delete_contribution(key)
             return
         view.round.rejected.append(
@@ -219,6 +238,9 @@ class SyncerRuntime:
                 steps=a.contribution.steps,
                 samples=a.contribution.samples,
                 weight=a.weight,
+                carried_steps=a.contribution.carried_steps,
+                staleness=a.staleness,
+                realigned=a.contribution.realigned,
             )
             for a in current.accepted
         )
@@ -236,7 +258,10 @@ class SyncerRuntime:
             rejected=tuple(current.rejected),
             final=final,
             timing=RoundTiming(
-                quorum_wait_s=quorum_wait, grace_s=current.grace_s, sync_s=current.fetch_s + self._clock() - started
+                quorum_wait_s=quorum_wait,
+                grace_s=current.grace_s,
+                sync_s=current.fetch_s + self._clock() - started,
+                arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
             ),
         )
         committed_at = self._clock()
