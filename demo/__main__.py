@@ -22,8 +22,9 @@ from urllib.parse import quote
 from demo import settings
 from demo.baseline import BASELINE_ID
 from demo.data import CorpusMissing, play_paths
-from demo.display import Display, ProcessState, format_results, format_round, summarize_rounds
+from demo.display import Display, ProcessState, format_results, format_round, merged_share, summarize_rounds
 from demo.launcher import Launcher, share_cores
+from demo.reference import REFERENCE_ID
 from demo.rounds import RoundWatcher
 from gradientmail.mailbox import open_mailbox
 
@@ -58,6 +59,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         type=int,
         default=0,
         help="how many of the learners use MLX instead of PyTorch; they train until the PyTorch ones finish",
+    )
+    parser.add_argument(
+        "--sync-reference",
+        action="store_true",
+        help="also train synchronous DiLoCo (same learners, H, outer step) for the closing table; about +50 %% time",
     )
     parser.add_argument("--runs-dir", default="runs", help="where runs/<timestamp>/ is created (default %(default)s)")
     parser.add_argument(
@@ -112,6 +118,8 @@ def _run(
     launcher = Launcher(run_dir / "logs")
     states = {name: ProcessState(name, "learner") for name in names}
     states[BASELINE_ID] = ProcessState(BASELINE_ID, "baseline")
+    if args.sync_reference:
+        states[REFERENCE_ID] = ProcessState(REFERENCE_ID, "reference")
     display = Display(list(states.values()))
     common = [
         "--sync-every",
@@ -157,6 +165,10 @@ def _run(
             "baseline",
             ["--steps", str(args.steps), "--batch-size", str(baseline_batch), "--threads", str(baseline_threads)],
         )
+        if args.sync_reference:
+            reference = ["--replicas", str(args.learners), "--steps", str(args.steps), "--sync-every", str(args.sync_every)]
+            reference += ["--batch-size", str(args.batch_size), "--outer-lr", str(args.outer_lr)]
+            launcher.start(REFERENCE_ID, "reference", [*reference, "--outer-momentum", str(args.outer_momentum)])
         failed = _follow(launcher, states, display, watcher, frameworks, stop_file)
         display.finish()
         if failed:
@@ -178,7 +190,7 @@ def _run(
     finally:
         launcher.stop_all()
 
-    _print_results(watcher, states, names, committed_state, mailbox_dir, run_dir, time.monotonic() - began)
+    _print_results(watcher, states, names, committed_state, mailbox_dir, run_dir, time.monotonic() - began, args.fragments)
     return 0
 
 
@@ -204,6 +216,7 @@ def _print_results(
     mailbox_dir: Path,
     run_dir: Path,
     elapsed_s: float,
+    fragments: int,
 ) -> None:
     print()
     watcher.poll()
@@ -211,7 +224,10 @@ def _print_results(
     baseline = states[BASELINE_ID]
     initial = (baseline.start or {}).get("initial_val_loss")
     committed = (committed_state.final or {}).get("val_loss")
-    for line in format_results(initial, [states[n] for n in names], committed, baseline):
+    learner_steps = sum((states[n].final or {}).get("steps", 0) for n in names)
+    share = merged_share(watcher.records, learner_steps, fragments)
+    lines = format_results(initial, [states[n] for n in names], committed, baseline, states.get(REFERENCE_ID), share)
+    for line in lines:
         print(line)
     size_mb = sum(f.stat().st_size for f in mailbox_dir.rglob("*") if f.is_file()) / 1e6
     print(f"total time {elapsed_s:.0f} s; mailbox ({size_mb:.0f} MB: every version is kept) and logs in {run_dir}")

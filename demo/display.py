@@ -104,13 +104,22 @@ def summarize_rounds(records: list[RoundRecord]) -> str:
     return f"rounds    {len(commits)} commits (newest {fragments}); contributions merged: {learners}; rejected: {refused}"
 
 
+def merged_share(records: list[RoundRecord], learner_steps: int, fragments: int) -> float:
+    """Learner steps that reached a commit, over every step every learner trained, per fragment."""
+    merged = sum(p.steps for r in records if r.version > 0 for p in r.participants)
+    return merged / (learner_steps * fragments) if learner_steps and fragments else 0.0
+
+
 def format_results(
     initial: float | None,
     learners: list[ProcessState],
     committed: float | None,
     baseline: ProcessState | None,
+    reference: ProcessState | None = None,
+    share_merged: float | None = None,
 ) -> list[str]:
-    """The closing table: validation loss of every model the run produced, and the baseline's."""
+    """The closing table: validation loss of every model the run produced, the baseline's and,
+    when it ran, synchronous DiLoCo's; then the share of learner steps merged."""
 
     def value(loss: float | None) -> str:
         return f"{loss:7.3f}" if loss is not None else "      -"
@@ -125,10 +134,19 @@ def format_results(
         start = baseline.start or {}
         label = f"single learner, no exchange ({baseline.final.get('tokens', 0):,} tokens, batch {start.get('batch_size', '?')})"
         rows.append((label, baseline.final.get("val_loss")))
+    if reference is not None and reference.final is not None:
+        start = reference.start or {}
+        label = f"synchronous DiLoCo, same learners, H and outer step ({start.get('replicas', '?')} replicas in lock-step)"
+        rows.append((label, reference.final.get("val_loss")))
     width = max(len(label) for label, _ in rows)
-    return ["validation loss (next-byte cross-entropy, nats; ln 256 = 5.545 is a uniform guess)"] + [
+    lines = ["validation loss (next-byte cross-entropy, nats; ln 256 = 5.545 is a uniform guess)"] + [
         f"  {label:<{width}}  {value(loss)}" for label, loss in rows
     ]
+    if reference is None:
+        lines.append("  (synchronous DiLoCo reference: add --sync-reference; it costs about half the run's time again)")
+    if share_merged is not None:
+        lines.append(f"learner steps merged into commits: {100 * share_merged:.1f} %")
+    return lines
 
 
 class Display:

@@ -83,6 +83,7 @@ def run_steps(
     session: SupportsStep | None = None,
     report_every: int = 10,
     should_stop: Callable[[], bool] = lambda: False,
+    step_sleep_s: float = 0.0,
 ) -> Progress:
     """Train ``steps`` steps (fewer if ``should_stop()`` turns true); return the last report.
 
@@ -96,6 +97,8 @@ def run_steps(
         losses.append(trainer.step(sampler.next()))
         if session is not None:
             session.step(samples=sampler.tokens_per_batch)
+        if step_sleep_s:
+            time.sleep(step_sleep_s)  # a slower machine, for the benchmark's mixed-speed runs
         stopping = should_stop()
         if done % report_every == 0 or done == steps or stopping:
             last = Progress(done, float(np.mean(losses)), done * sampler.tokens_per_batch, time.perf_counter() - started)

@@ -12,6 +12,7 @@ It is also ``gradientmail node``'s default job, named there by the import string
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -60,6 +61,8 @@ class WorkerConfig:
     """A whole ``gm.DiLoCo``: replaces the run knobs above (:func:`node_worker_config` passes the node's)."""
     options: Any = None
     """A whole ``gm.SessionOptions``: replaces ``run_syncer`` above."""
+    step_sleep: float = 0.0
+    """Seconds to sleep after each step: a slower learner (the quality benchmark's half-speed mix)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
@@ -92,10 +95,25 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     )
     parser.add_argument("--quorum", type=int, default=1, help="K, contributions a round waits for; shared by the run")
     parser.add_argument("--merge", choices=["rda", "mean"], default="rda", help="how rounds merge deltas; shared by the run")
+    parser.add_argument(
+        "--algorithm",
+        dest="algorithm_json",
+        metavar="JSON",
+        help="a whole gm.DiLoCo in its manifest form (JSON); replaces the run knobs above",
+    )
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (a slower learner)")
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error("--steps must be non-negative")
-    return WorkerConfig(**vars(args))
+    if args.step_sleep < 0:
+        parser.error("--step-sleep must be non-negative")
+    knobs = vars(args)
+    algorithm_json = knobs.pop("algorithm_json")
+    if algorithm_json is not None:
+        import gradientmail as gm
+
+        knobs["algorithm"] = gm.DiLoCo.from_manifest(json.loads(algorithm_json))
+    return WorkerConfig(**knobs)
 
 
 def run(config: WorkerConfig) -> float:
@@ -162,6 +180,7 @@ def run(config: WorkerConfig) -> float:
             session=session,
             report_every=config.report_every,
             should_stop=lambda: stop_file is not None and os.path.exists(stop_file),
+            step_sleep_s=config.step_sleep,
         )
         if last.step:
             local_val_loss = trainer.evaluate(validation)
@@ -179,6 +198,9 @@ def run(config: WorkerConfig) -> float:
         versions=dict(session.versions),
         contributions=stats.contributions,
         alignments=stats.alignments,
+        bytes_published=session.bytes_published,
+        bytes_fetched=session.bytes_fetched,
+        dropped_at_close=list(stats.dropped_at_close),
     )
     return val_loss
 

