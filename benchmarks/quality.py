@@ -130,6 +130,7 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
             sys.executable, "-m", "demo.worker", "--mailbox", f"file://{box_dir}", "--learner-id", f"learner-{index + 1}",
             "--steps", str(steps), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
             "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
+            "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
         ]  # fmt: skip
         log = (workdir / f"learner-{index + 1}.log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True))

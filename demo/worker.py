@@ -63,6 +63,14 @@ class WorkerConfig:
     """A whole ``gm.SessionOptions``: replaces ``run_syncer`` above."""
     step_sleep: float = 0.0
     """Seconds to sleep after each step: a slower learner (the quality benchmark's half-speed mix)."""
+    keep_versions: int | None = None
+    """Retention's ``keep_versions`` for a run this learner creates (None: the library's default);
+    the quality benchmark keeps every version to account for every step afterwards."""
+    retention: Any = None
+    """A whole ``gm.Retention``: replaces ``keep_versions`` (the node passes its settings')."""
+    run_key: Any = None
+    """A ``gm.RunKey`` (or its secret) to sign the run's records; None: ``GRADIENTMAIL_RUN_KEY``
+    if set (the node passes its settings' key)."""
 
 
 def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
@@ -102,6 +110,7 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
         help="a whole gm.DiLoCo in its manifest form (JSON); replaces the run knobs above",
     )
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (a slower learner)")
+    parser.add_argument("--keep-versions", type=int, default=None, help="retention of a run this learner creates")
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error("--steps must be non-negative")
@@ -157,7 +166,18 @@ def run(config: WorkerConfig) -> float:
     options = config.options or gm.SessionOptions(run_syncer=config.run_syncer)
     stop_file = config.stop_file
     local_val_loss: float | None = None
-    with gm.Session(trainer.model, algorithm=algorithm, mailbox=config.mailbox, learner_id=learner, options=options) as session:
+    retention = config.retention
+    if retention is None and config.keep_versions is not None:
+        retention = gm.Retention(keep_versions=config.keep_versions, audit_rounds=min(8, config.keep_versions - 1))
+    with gm.Session(
+        trainer.model,
+        algorithm=algorithm,
+        mailbox=config.mailbox,
+        learner_id=learner,
+        options=options,
+        retention=retention,
+        run_key=config.run_key or gm.RunKey.from_env(),
+    ) as session:
 
         def report(progress: Progress) -> None:
             events.emit(
@@ -238,6 +258,8 @@ def node_worker_config(node: NodeSettings) -> WorkerConfig:
         framework=node.backend or "torch",
         algorithm=node.algorithm(),
         options=node.session_options(),
+        retention=node.retention(),
+        run_key=node.key(),
     )
 
 

@@ -31,8 +31,12 @@ FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="gradientmail-cuda" \
       org.opencontainers.image.description="GradientMail learner node (PyTorch, CUDA)" \
       org.opencontainers.image.licenses="Apache-2.0"
+# /run-key: where compose mounts the run key's volume (compose.yaml). It belongs to the runtime
+# user, so a fresh named volume mounted there takes its owner and mode (Docker and Podman copy
+# them from the image's directory) and `gradientmail keygen` (as this user) can write the key.
 RUN groupadd --system --gid 10001 gradientmail \
-    && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail
+    && useradd --no-log-init --system --uid 10001 --gid 10001 --create-home --home-dir /home/gradientmail gradientmail \
+    && install -d -o 10001 -g 10001 -m 0700 /run-key
 COPY --from=build /opt/gradientmail /opt/gradientmail
 # The default job (GRADIENTMAIL_SCRIPT and GRADIENTMAIL_ENTRYPOINT unset) is demo.worker:node_main:
 # the repository's demo/, outside the wheel, importable through PYTHONPATH.

@@ -28,17 +28,23 @@ from gradientmail.errors import (
     MailboxError,
     MailboxMisconfigured,
     MailboxUnavailable,
+    ObjectTooLarge,
     RecordExists,
     RunConfigMismatch,
+    Unauthenticated,
     VersionConflict,
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
+from gradientmail.records.auth import RunKey
 from gradientmail.session import Session, SessionOptions
 from gradientmail.settings import NodeSettings, session_from_env
+from gradientmail.store import Retention
 
 __all__ = [
     "Session",
     "SessionOptions",
+    "RunKey",
+    "Retention",
     "NodeSettings",
     "session_from_env",
     "telemetry",
@@ -70,6 +76,8 @@ __all__ = [
     "MailboxMisconfigured",
     "CorruptPayload",
     "InvalidRecord",
+    "Unauthenticated",
+    "ObjectTooLarge",
     "BackendUnavailable",
     "ContributionRejected",
     "IncompatiblePayload",

@@ -3,6 +3,8 @@
 gradientmail status <mailbox-url> [--rounds N]
 gradientmail export <mailbox-url> <file.safetensors>
 gradientmail replay <mailbox-url> --fragment F [--version V]
+gradientmail audit <mailbox-url>    (chains, signatures, blobs, replays; exit 1 on any failure)
+gradientmail keygen [--out FILE]    (a fresh run key, printed or written to FILE once)
 gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
 """
@@ -11,24 +13,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
+from gradientmail.audit import audit_run
 from gradientmail.backends import get_backend, payload
 from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
+from gradientmail.records.auth import RunKey, generate_run_key
 from gradientmail.store import RunSpec, RunStore
 from gradientmail.syncer import replay_round
 
 
 @contextlib.contextmanager
 def _open_run(url: str) -> Iterator[tuple[RunStore, RunSpec]]:
-    """The run at ``url`` and its view; the mailbox opened here is closed on the way out."""
+    """The run at ``url`` and its view, checked with the run key from ``GRADIENTMAIL_RUN_KEY``
+    (or ``_FILE``) when set; the mailbox opened here is closed on the way out."""
     mailbox = open_mailbox(url)
     try:
-        store = RunStore(mailbox)
+        store = RunStore(mailbox, RunKey.from_env())
         yield store, store.read_spec()
     finally:
         mailbox.close()
@@ -58,22 +64,29 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
         f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} quorum_size={algorithm.quorum_size}"
     )
     print(f"model: {total} parameter tensors")
+    if spec.manifest.key_id is not None and store.key is None:
+        print(f"signed run (key id {spec.manifest.key_id}); no run key given, so nothing below is verified")
     found = store.read_lease(keys.SYNCER_LEASE)
     if found is None:
         print("syncer: no holder yet")
+    elif found.lease is None:
+        print(f"syncer: lease unusable, nodes replace it: {found.problem}")
     else:
-        lease = found[0]
+        lease = found.lease
         state = "released" if lease.released else f"renewed {_age(lease)}"
-        print(f"syncer: {lease.holder} (term {lease.term}, {state}, ttl {lease.ttl_s:g}s)")
+        print(f"syncer: {lease.holder} (term {lease.term}, {state}, run ttl {spec.lease_ttl_s:g}s)")
     print("learners:")
     for key in store.learner_lease_keys():
         found = store.read_lease(key)
         if found is None:
             continue
-        lease = found[0]
+        if found.lease is None:
+            print(f"  {key}: unusable lease, not counted as live ({found.problem})")
+            continue
+        lease = found.lease
         state = "left" if lease.released else f"renewed {_age(lease)}"
         info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()))
-        print(f"  {lease.holder:<24} {state}  ttl {lease.ttl_s:g}s  {info}")
+        print(f"  {lease.holder:<24} {state}  {info}")
     for fragment, names in enumerate(spec.fragments):
         versions = store.committed_versions(fragment)
         newest = versions[-1] if versions else None
@@ -81,7 +94,11 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
         for version in versions[-rounds:]:
             if version == 0:
                 continue
-            record = store.read_round(fragment, version)
+            try:
+                record = store.read_round(fragment, version)
+            except GradientMailError as exc:
+                print(f"  v{version:<6} UNREADABLE: {exc}")
+                continue
             who = ", ".join(f"{p.learner} w={p.weight:,.0f} ({p.steps} steps)" for p in record.participants)
             rejected = ", ".join(f"{r.learner}:{r.reason}" for r in record.rejected) or "-"
             print(
@@ -123,6 +140,31 @@ def replay(url: str, fragment: int, version: int | None) -> int:
     return 0 if same else 1
 
 
+def audit(url: str) -> int:
+    with _open_run(url) as (store, spec):
+        print(f"auditing run {spec.manifest.run_id} at {store.url}")
+        report = audit_run(store, spec, say=print)
+    print(f"audit: {len(report.checked)} checks passed, {len(report.warnings)} warnings, {len(report.failures)} failures")
+    return 0 if report.clean else 1
+
+
+def keygen(out: str | None) -> int:
+    """Print a fresh run key, or write it to ``out`` (mode 0600) unless that file exists."""
+    key = generate_run_key()
+    if out is None:
+        print(key)
+        return 0
+    try:
+        descriptor = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        print(f"gradientmail: {out} exists; keeping the key it holds")
+        return 0
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key + "\n")
+    print(f"gradientmail: wrote a new run key to {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gradientmail", description="Inspect and export GradientMail runs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -136,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay_parser.add_argument("mailbox")
     replay_parser.add_argument("--fragment", type=int, required=True)
     replay_parser.add_argument("--version", type=int, default=None)
+    audit_parser = commands.add_parser("audit", help="check chains, signatures, blobs and replays from the mailbox alone")
+    audit_parser.add_argument("mailbox")
+    keygen_parser = commands.add_parser("keygen", help="make a run key (GRADIENTMAIL_RUN_KEY)")
+    keygen_parser.add_argument("--out", default=None, help="write it to this file (mode 0600) unless the file exists")
     commands.add_parser("node", help="run a learner node configured by GRADIENTMAIL_* variables (what the images run)")
     commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
     args = parser.parse_args(argv)
@@ -148,6 +194,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             status(args.mailbox, args.rounds)
         elif args.command == "export":
             export(args.mailbox, args.file)
+        elif args.command == "audit":
+            return audit(args.mailbox)
+        elif args.command == "keygen":
+            return keygen(args.out)
         else:
             return replay(args.mailbox, args.fragment, args.version)
     except GradientMailError as exc:

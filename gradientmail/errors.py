@@ -20,6 +20,8 @@ __all__ = [
     "MailboxMisconfigured",
     "CorruptPayload",
     "InvalidRecord",
+    "Unauthenticated",
+    "ObjectTooLarge",
     "ContributionRejected",
     "IncompatiblePayload",
     "BackendUnavailable",
@@ -92,6 +94,16 @@ class CorruptPayload(GradientMailError):
 
 class InvalidRecord(GradientMailError, ValueError):
     """A JSON record is malformed or has an unknown schema version. Not retryable."""
+
+
+class Unauthenticated(InvalidRecord):
+    """A record's MAC is missing or does not verify under the run key (a writer without the
+    key, or a node configured with another key). Never acted on. Not retryable."""
+
+
+class ObjectTooLarge(MailboxError):
+    """A stored object is larger than the reader allows; nothing beyond the allowance was read.
+    Not retryable: the object is refused as it is."""
 
 
 class ContributionRejected(GradientMailError, ValueError):

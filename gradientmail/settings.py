@@ -10,16 +10,19 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.merge import Rda, WeightedMean
+from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
+from gradientmail.records.auth import RunKey
 from gradientmail.session import Session, SessionOptions
+from gradientmail.store import Retention
 from gradientmail.telemetry import Telemetry, active, otlp_requested
 from gradientmail.telemetry import configure as configure_telemetry
 
@@ -28,6 +31,7 @@ __all__ = ["NodeSettings", "session_from_env"]
 _ALGORITHM = DiLoCo.model_fields
 _SESSION = SessionOptions()
 _SESSION_FIELDS = tuple(f.name for f in fields(SessionOptions))
+_RETENTION = Retention.model_fields
 
 
 class NodeSettings(BaseSettings):
@@ -59,6 +63,15 @@ class NodeSettings(BaseSettings):
     grace_gamma: float = _ALGORITHM["grace_gamma"].default
     grace_tau: float = _ALGORITHM["grace_tau"].default
     grace_max_s: float = _ALGORITHM["grace_max_s"].default
+
+    run_key: SecretStr | None = None
+    """The run key (docs/security.md): every record is signed and checked with it. Never logged."""
+    run_key_file: str | None = None
+    """Instead of ``run_key``: a file holding it (a mounted secret)."""
+    keep_versions: int = _RETENTION["keep_versions"].default
+    audit_rounds: int = _RETENTION["audit_rounds"].default
+    checkpoint_every: int = _RETENTION["checkpoint_every"].default
+    keep_checkpoints: int = _RETENTION["keep_checkpoints"].default
 
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (off when unset). OTLP export is configured by
@@ -97,6 +110,17 @@ class NodeSettings(BaseSettings):
         knobs = {name: getattr(self, name) for name in _ALGORITHM if name != "merge"}
         return DiLoCo(merge=merge, **knobs)
 
+    def key(self) -> RunKey | None:
+        """The run key from ``run_key`` or ``run_key_file`` (setting both is an error)."""
+        if self.run_key is not None and self.run_key_file is not None:
+            raise InvalidConfig("run_key", "set GRADIENTMAIL_RUN_KEY or GRADIENTMAIL_RUN_KEY_FILE, not both")
+        if self.run_key is not None:
+            return RunKey(self.run_key.get_secret_value())
+        return RunKey.from_file(self.run_key_file) if self.run_key_file is not None else None
+
+    def retention(self) -> Retention:
+        return Retention(**{name: getattr(self, name) for name in _RETENTION})
+
     def session_options(self) -> SessionOptions:
         return SessionOptions(**{name: getattr(self, name) for name in _SESSION_FIELDS if hasattr(self, name)})
 
@@ -115,6 +139,8 @@ class NodeSettings(BaseSettings):
             learner_id=self.learner_id,
             backend=self.backend,
             options=self.session_options(),
+            run_key=self.key(),
+            retention=self.retention(),
         )
 
     def telemetry(self) -> Telemetry | None:

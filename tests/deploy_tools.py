@@ -20,6 +20,9 @@ CHART = ROOT / "helm" / "gradientmail"
 SETTINGS_FIELDS = frozenset(NodeSettings.model_fields)
 STANDARD_VARIABLES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HOME"})
 """Variables a learner may be given besides GRADIENTMAIL_*: boto3's credentials, HOME."""
+RUN_KEY_VARIABLES = frozenset({"GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"})
+"""The run key (the secret records are signed with) or the path of a file holding it: a secret,
+not a run setting, so the kit gives it from a Secret or a volume, never as a literal value."""
 
 
 def tool(name: str) -> str:
@@ -46,7 +49,19 @@ def load_compose() -> dict[str, Any]:
 
 
 def learner_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Services that run a learner image (built from one of docker/*.Dockerfile)."""
+    """Services that run a learner node: a learner image (built from one of docker/*.Dockerfile)
+    with its own command, ``node`` (not a one-shot job of that image such as ``keygen``)."""
+    return {
+        name: service
+        for name, service in compose["services"].items()
+        if str(service.get("build", {}).get("dockerfile", "")).startswith("docker/")
+        and service.get("command", ["node"]) == ["node"]
+        and "entrypoint" not in service
+    }
+
+
+def image_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every service built from one of docker/*.Dockerfile: the learners and the image's one-shot jobs."""
     return {
         name: service
         for name, service in compose["services"].items()

@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--wait-for", type=int, default=0, help="start training once this many learners hold leases")
     parser.add_argument("--end-together", type=int, default=0, help="close once this many learners finished and uploaded")
+    parser.add_argument(
+        "--keep-versions", type=int, default=1_000_000, help="retention (default: keep every version, so tests see all history)"
+    )
+    parser.add_argument("--run-key", default=None, help="sign the run's records with this key")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.metrics_port is not None:
@@ -102,7 +106,16 @@ def main(argv: list[str] | None = None) -> None:
     options = SessionOptions(lease_ttl_s=args.ttl, poll_interval_s=args.poll)
     # the test's own road to the mailbox: to count the learners' leases and for the end barrier
     harness = open_mailbox(args.mailbox)
-    with Session(model, algorithm=algorithm, mailbox=args.mailbox, learner_id=args.learner_id, options=options) as session:
+    retention = gm.Retention(keep_versions=args.keep_versions, audit_rounds=min(8, args.keep_versions - 1))
+    with Session(
+        model,
+        algorithm=algorithm,
+        mailbox=args.mailbox,
+        learner_id=args.learner_id,
+        options=options,
+        retention=retention,
+        run_key=args.run_key,
+    ) as session:
         deadline = time.monotonic() + 60
         while len(RunStore(harness).learner_lease_keys()) < args.wait_for and time.monotonic() < deadline:
             time.sleep(0.02)

@@ -66,12 +66,14 @@ def rounds(mailbox: Mailbox, fragment: int) -> list[RoundRecord]:
 
 def syncer_lease(mailbox: Mailbox) -> Lease | None:
     found = RunStore(mailbox).read_lease(keys.SYNCER_LEASE)
-    return found[0] if found is not None else None
+    return found.lease if found is not None else None
 
 
 def check_history(mailbox: Mailbox, fragments: int) -> list[list[RoundRecord]]:
-    """INV-1: every fragment's versions are 0..N, each committed once, each built on the one before."""
+    """INV-1, INV-11: every fragment's versions are 0..N, each committed once, each built on the one
+    before and naming its digest (the learners keep every version unless told otherwise)."""
     history = []
+    store = RunStore(mailbox)
     for fragment in range(fragments):
         records = rounds(mailbox, fragment)
         assert [r.version for r in records] == list(range(len(records)))
@@ -79,6 +81,7 @@ def check_history(mailbox: Mailbox, fragments: int) -> list[list[RoundRecord]]:
             assert record.base_version == record.version - 1
             assert record.participants, f"version {record.version} has no participants"
             assert mailbox.exists(record.params.key) and mailbox.exists(record.outer_state.key)
+            assert record.previous == store.read_stored_round(fragment, record.version - 1).sha256
         history.append(records)
     return history
 

@@ -18,7 +18,16 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # Top to bottom, as in docs/architecture.md: a module may import its own layer or a lower one.
 # An entry ending in "/" is a folder (every module under it); any other entry is one file.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("entry points", ("gradientmail/__init__.py", "gradientmail/cli.py", "gradientmail/node.py", "gradientmail/settings.py")),
+    (
+        "entry points",
+        (
+            "gradientmail/__init__.py",
+            "gradientmail/cli.py",
+            "gradientmail/audit.py",
+            "gradientmail/node.py",
+            "gradientmail/settings.py",
+        ),
+    ),
     ("session", ("gradientmail/session/",)),
     ("syncer", ("gradientmail/syncer/",)),
     ("telemetry", ("gradientmail/telemetry/",)),

@@ -144,7 +144,8 @@ def test_round_lines_show_weights_and_rejections():
             "params": {"key": "p", "sha256": digest, "size_bytes": 1},
             "outer_state": {"key": "o", "sha256": digest, "size_bytes": 1},
             "committed_by": "a",
-        }
+        },
+        strict=False,
     )
     line = format_round(record)
     assert "f2 v5" in line and "from v4" in line

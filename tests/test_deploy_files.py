@@ -9,7 +9,10 @@ path a service mounts exists, every name a scrape config or dependency uses is a
 
 from __future__ import annotations
 
+import base64
 import json
+import re
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,10 +29,12 @@ from tests.deploy_tools import (
     DOCKERFILES,
     ROOT,
     RUN_ENV,
+    RUN_KEY_VARIABLES,
     SETTINGS_FIELDS,
     STANDARD_VARIABLES,
     dockerfile_env,
     dockerfile_instructions,
+    image_services,
     interpolate,
     learner_environment,
     learner_services,
@@ -87,6 +92,31 @@ def test_the_image_is_multi_stage_non_root_and_runs_the_node(image):
 SETTINGS_FIELDS_ENV = {f"GRADIENTMAIL_{name.upper()}" for name in SETTINGS_FIELDS}
 
 
+def _runtime_user_dirs(dockerfile: Path) -> dict[str, str]:
+    """Directories the final stage makes with ``install -d -o UID -g GID -m MODE DIR``: DIR -> MODE,
+    for those owned by the stage's USER (uid and gid)."""
+    instructions = dockerfile_instructions(dockerfile)
+    final = instructions[max(i for i, (op, _) in enumerate(instructions) if op == "FROM") :]
+    user = dict(final)["USER"]
+    uid, gid = user.split(":")
+    dirs = {}
+    for op, args in final:
+        if op != "RUN":
+            continue
+        for owner, group, mode, path in re.findall(r"install -d -o (\S+) -g (\S+) -m (\S+) (\S+)", args):
+            if (owner, group) == (uid, gid):
+                dirs[path] = mode
+    return dirs
+
+
+@pytest.mark.parametrize("image", sorted(DOCKERFILES))
+def test_the_image_has_the_run_key_mount_point_owned_by_its_user(image):
+    # A fresh named volume takes the owner and mode of the image's directory it is mounted on
+    # (Docker: copyExistingContents -> fs.CopyDir; Podman: the volume's chown on first mount),
+    # so keygen, running as this user, can write the key there and the learners can read it.
+    assert _runtime_user_dirs(DOCKERFILES[image]) == {"/run-key": "0700"}
+
+
 def test_the_build_context_holds_only_what_the_images_copy():
     ignore = (ROOT / ".dockerignore").read_text().splitlines()
     assert ignore[0].startswith("#") and "*" in ignore
@@ -101,7 +131,12 @@ def test_the_build_context_holds_only_what_the_images_copy():
 
 
 def _settings_from(env: dict[str, str]) -> NodeSettings:
-    names = {k[len("GRADIENTMAIL_") :].lower(): v for k, v in env.items() if k.startswith("GRADIENTMAIL_")}
+    """The run settings in ``env`` (the run key is not one: its file lives in a container's volume)."""
+    names = {
+        k[len("GRADIENTMAIL_") :].lower(): v
+        for k, v in env.items()
+        if k.startswith("GRADIENTMAIL_") and k not in RUN_KEY_VARIABLES
+    }
     return NodeSettings(**names)
 
 
@@ -139,6 +174,8 @@ def test_learners_get_only_known_settings_with_stable_ids():
     for name, service in learners.items():
         env = learner_environment(service)
         for variable in env:
+            if variable in RUN_KEY_VARIABLES:
+                continue
             if variable.startswith("GRADIENTMAIL_"):
                 assert variable in SETTINGS_FIELDS_ENV, f"{name}: {variable} is not a NodeSettings field"
             else:
@@ -166,6 +203,44 @@ def test_the_bucket_init_creates_the_bucket_the_learners_use():
     bucket = mailbox.split("://", 1)[1].split("/", 1)[0]
     assert f"local/{bucket}" in " ".join(compose["services"]["bucket-init"]["command"])
     assert compose["services"]["learner-1"]["depends_on"]["bucket-init"]["condition"] == "service_completed_successfully"
+
+
+def _volume_mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Named volume -> (container path, mode) for the service's named-volume mounts."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, *options = volume.split(":")
+        if not source.startswith(("./", "/")):
+            mounts[source] = (target, options[0] if options else "rw")
+    return mounts
+
+
+def test_the_run_key_is_generated_once_and_every_learner_reads_it():
+    compose = load_compose()
+    services = compose["services"]
+    keygen = services["keygen"]
+    learners = learner_services(compose)
+    # the one shot runs the learners' own image, as its user, and writes the key into a named volume
+    assert keygen["image"] == services["learner-1"]["image"] and keygen["build"] == services["learner-1"]["build"]
+    assert keygen["command"][:2] == ["keygen", "--out"] and "entrypoint" not in keygen
+    key_file = keygen["command"][2]
+    ((volume, (target, mode)),) = _volume_mounts(keygen).items()
+    assert key_file.rsplit("/", 1)[0] == target and mode == "rw"
+    assert volume in compose["volumes"] and keygen["restart"] == "no"
+    assert keygen["network_mode"] == "none", "the one shot needs no network"
+    assert set(image_services(compose)) == set(learners) | {"keygen"}
+    for name, service in learners.items():
+        env = learner_environment(service)
+        assert env["GRADIENTMAIL_RUN_KEY_FILE"] == key_file, name
+        assert "GRADIENTMAIL_RUN_KEY" not in env, f"{name}: the key comes from the volume, never a literal"
+        assert _volume_mounts(service)[volume] == (target, "ro"), f"{name} mounts the run key read-only"
+        assert service["depends_on"]["keygen"] == {"condition": "service_completed_successfully"}, name
+        # the key file is written by and read as the image's user: the mount point is that user's
+        dockerfile = ROOT / service["build"]["dockerfile"]
+        assert target in _runtime_user_dirs(dockerfile), f"{name}: {dockerfile.name} lacks {target}"
+    for name, service in services.items():
+        if name != "keygen" and name not in learners:
+            assert volume not in _volume_mounts(service), f"{name} has no business with the run key"
 
 
 def _mounts(service: dict[str, Any]) -> dict[str, Path]:
@@ -237,7 +312,7 @@ def test_the_compose_header_documents_ports_and_credentials():
     for service in compose["services"].values():
         for port in service.get("ports", []):
             assert port.split(":")[0] in header
-    for secret in ("gradientmail-secret", "MINIO_ROOT_USER", "GRAFANA_ADMIN_PASSWORD", "--scale"):
+    for secret in ("gradientmail-secret", "MINIO_ROOT_USER", "GRAFANA_ADMIN_PASSWORD", "--scale", "run key", "keygen"):
         assert secret in header
 
 
@@ -249,7 +324,7 @@ VALUE_SETS = {
     "external-s3": yaml.safe_load((CHART / "ci/external-s3-values.yaml").read_text()),
     "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
 }
-CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script"}
+CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script", "run_key", "run_key_file"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
 
 
@@ -305,9 +380,9 @@ def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_se
     literal = {}
     for entry in container["env"]:
         name = entry["name"]
-        if name.startswith("GRADIENTMAIL_"):
+        if name.startswith("GRADIENTMAIL_") and name not in RUN_KEY_VARIABLES:
             assert name in SETTINGS_FIELDS_ENV, f"{name} is not a NodeSettings field"
-        if name.startswith("AWS_"):
+        if name.startswith("AWS_") or name in RUN_KEY_VARIABLES:
             assert "value" not in entry and "secretKeyRef" in entry["valueFrom"], f"{name} must come from a Secret"
         if "value" in entry:
             literal[name] = entry["value"]
@@ -316,9 +391,13 @@ def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_se
     settings.algorithm()
     settings.session_options()
     open_mailbox(settings.mailbox).close()
-    for document in documents:
-        if document["kind"] == "Secret":
-            assert value_set == "in-chart-minio" and document["metadata"]["name"] == "gm-gradientmail-minio"
+    values = VALUE_SETS[value_set]
+    expected = set()
+    if not values.get("runKey", {}).get("existingSecret"):
+        expected.add("gm-gradientmail-run-key")
+    if values.get("minio", {}).get("enabled"):
+        expected.add("gm-gradientmail-minio")
+    assert {d["metadata"]["name"] for d in documents if d["kind"] == "Secret"} == expected
 
 
 def test_values_settings_are_exactly_the_node_settings_the_chart_does_not_manage():
@@ -410,6 +489,72 @@ def test_the_dashboards_and_rules_are_the_projects_files():
     assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
 
 
+def _run_key_secrets(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for d in documents if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-run-key")]
+
+
+def _run_key_env(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in _learner_container(documents)["env"] if e["name"] in RUN_KEY_VARIABLES]
+
+
+def test_the_chart_generates_a_64_character_run_key_kept_by_uninstall():
+    documents = _documents(_render({}))
+    (secret,) = _run_key_secrets(documents)
+    assert secret["metadata"]["name"] == "gm-gradientmail-run-key"
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert secret["immutable"] is True and set(secret["data"]) == {"run-key"}
+    key = base64.b64decode(secret["data"]["run-key"]).decode()
+    assert len(key) == 64 and key.isascii() and key.isalnum()
+    assert _run_key_env(documents) == [
+        {"name": "GRADIENTMAIL_RUN_KEY", "valueFrom": {"secretKeyRef": {"name": "gm-gradientmail-run-key", "key": "run-key"}}}
+    ]
+    other = base64.b64decode(_run_key_secrets(_documents(_render({})))[0]["data"]["run-key"]).decode()
+    assert other != key, "a fresh key for each install"
+
+
+def test_an_upgrade_keeps_the_stored_run_key(tmp_path):
+    # helm-python renders offline, where lookup finds nothing: stand in for the cluster by giving
+    # the template the Secret a first install stored, exactly where lookup would return it
+    chart = tmp_path / "gradientmail"
+    shutil.copytree(CHART, chart, symlinks=False)
+    template = chart / "templates/runkey-secret.yaml"
+    lookup = 'lookup "v1" "Secret" .Release.Namespace $name'
+    assert template.read_text().count(lookup) == 1
+    stored = base64.b64encode(b"k" * 64).decode()
+    template.write_text(template.read_text().replace(lookup, f'dict "data" (dict "run-key" "{stored}")'))
+    with helm_python.Chart.load(chart) as loaded:
+        rendered = loaded.render({}, name="gm", namespace="training", is_upgrade=True)
+    (secret,) = _run_key_secrets(_documents(rendered))
+    assert secret["data"] == {"run-key": stored}
+
+
+def test_an_existing_run_key_secret_is_used_and_none_is_generated():
+    documents = _documents(_render({"runKey": {"existingSecret": "team-run-key", "existingSecretKey": "key.txt"}}))
+    assert not _run_key_secrets(documents) and not [d for d in documents if d["kind"] == "Secret"]
+    assert _run_key_env(documents) == [
+        {"name": "GRADIENTMAIL_RUN_KEY", "valueFrom": {"secretKeyRef": {"name": "team-run-key", "key": "key.txt"}}}
+    ]
+    # the multi-cluster set: the key is a Secret made in each cluster from one value
+    run_key = VALUE_SETS["external-s3"]["runKey"]
+    external = _documents(_render(VALUE_SETS["external-s3"]))
+    assert not _run_key_secrets(external)
+    ref = {"name": run_key["existingSecret"], "key": run_key["existingSecretKey"]}
+    assert _run_key_env(external) == [{"name": "GRADIENTMAIL_RUN_KEY", "valueFrom": {"secretKeyRef": ref}}]
+
+
+def test_without_a_run_key_there_is_no_secret_and_no_variable():
+    rendered = _render({"runKey": {"enabled": False}})
+    documents = _documents(rendered)
+    assert not _run_key_secrets(documents) and not _run_key_env(documents)
+    assert "the run's records are not signed" in rendered["gradientmail/templates/NOTES.txt"]
+
+
+@pytest.mark.parametrize("variable", sorted(RUN_KEY_VARIABLES))
+def test_the_run_key_in_extra_env_is_refused_with_the_values_to_use(variable):
+    with pytest.raises(helm_python.HelmError, match=rf"{variable} is the run key.*runKey.existingSecret"):
+        _render({"learners": {"extraEnv": [{"name": variable, "value": "x" * 40}]}})
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -426,6 +571,10 @@ def test_the_dashboards_and_rules_are_the_projects_files():
         ({"podSecurityContext": {"runAsNonRoot": False}}, "at '/podSecurityContext/runAsNonRoot'"),
         ({"securityContext": {"privileged": True}}, "at '/securityContext/privileged'"),
         ({"image": {"pullPolicy": "Sometimes"}}, "at '/image/pullPolicy'"),
+        ({"runKey": {"key": "not-a-value"}}, "at '/runKey': additional properties 'key' not allowed"),
+        ({"runKey": {"enabled": "yes"}}, "at '/runKey/enabled': got string, want boolean"),
+        ({"runKey": {"existingSecret": "Team_Key"}}, "at '/runKey/existingSecret'"),
+        ({"runKey": {"existingSecretKey": "a/b"}}, "at '/runKey/existingSecretKey'"),
     ],
 )
 def test_invalid_values_are_refused_by_the_schema_with_a_clear_message(values, message):
@@ -445,3 +594,4 @@ def test_notes_tell_how_to_watch_the_run():
     notes = _render(VALUE_SETS["in-chart-minio"])["gradientmail/templates/NOTES.txt"]
     assert "kubectl -n training logs -f gm-gradientmail-0" in notes
     assert "gradientmail status" in notes and "s3://gradientmail/runs/onprem" in notes
+    assert "kubectl -n training get secret gm-gradientmail-run-key -o jsonpath='{.data.run-key}' | base64 -d > run.key" in notes

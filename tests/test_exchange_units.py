@@ -11,8 +11,8 @@ import gradientmail as gm
 from gradientmail.algorithms.diloco import weight
 from gradientmail.backends import get_backend, payload
 from gradientmail.records import Contribution, keys
-from gradientmail.session.join import join_run
-from gradientmail.store import ContributionCounts, LeaseObserver, RunStore
+from gradientmail.session.join import RunProposal, join_run
+from gradientmail.store import ContributionCounts, LeaseObserver, LeaseRead, RunStore
 from gradientmail.syncer import Election, GraceEstimator, SyncerRuntime, replay_round
 from tests.fake_clock import FakeClock
 
@@ -51,19 +51,39 @@ def test_resign_hands_over_without_waiting():
 
 
 def test_lease_observer_needs_a_full_ttl_of_its_own_time():
-    """INV-6: a lease expires only after a full TTL unchanged on the observer's monotonic clock; a renewal restarts the count."""
+    """INV-6, INV-14: a lease expires only after the run's TTL unchanged on the observer's monotonic clock
+    (whatever TTL the lease claims); a renewal restarts the count; an unreadable lease is expired."""
     clock = FakeClock()
-    observer = LeaseObserver(clock)
-    lease = gm.records.Lease(kind="learner", holder="x", ttl_s=5.0)
-    assert not observer.expired("k", lease, "t1")
+    observer = LeaseObserver(5.0, clock)
+    lease = gm.records.Lease(kind="learner", holder="x", ttl_s=1e9)  # a lease cannot extend its own life
+
+    def seen(token: str, which=lease) -> LeaseRead:
+        return LeaseRead(which, token)
+
+    assert not observer.expired("k", seen("t1"))
     clock.now = 4.9
-    assert not observer.expired("k", lease, "t1")
-    assert not observer.expired("k", lease, "t2")  # renewed: the count starts again
+    assert not observer.expired("k", seen("t1"))
+    assert not observer.expired("k", seen("t2"))  # renewed: the count starts again
     clock.now = 9.8
-    assert not observer.expired("k", lease, "t2")
+    assert not observer.expired("k", seen("t2"))
     clock.now = 9.9
-    assert observer.expired("k", lease, "t2")
-    assert observer.expired("k2", lease.model_copy(update={"released": True}), "t9")
+    assert observer.expired("k", seen("t2"))
+    assert observer.expired("k2", seen("t9", lease.model_copy(update={"released": True})))
+    assert observer.expired("k3", LeaseRead(None, "t0", "not JSON"))
+
+
+def test_reported_step_times_are_clamped_before_the_grace_window():
+    """INV-12: a learner reporting an absurd step time cannot pin the grace window at its cap: the
+    first estimate is at most grace_max_s / τ, later ones grow at most 2× per round."""
+    grace = GraceEstimator(gamma=0.5, tau=4.0, max_s=60.0, smoothing=1.0)
+    grace.observe_step_times([1e308])
+    assert grace.step_time_s == 15.0  # 60 s / τ
+    grace = GraceEstimator(gamma=0.5, tau=4.0, max_s=60.0, smoothing=1.0)
+    grace.observe_step_times([0.5])
+    for _ in range(3):
+        grace.observe_step_times([1e308, float("inf"), float("nan")])
+    assert grace.step_time_s == 4.0  # 0.5 → 1 → 2 → 4: bounded growth, never 15 at once
+    assert grace.window(0.0) == pytest.approx(0.5 * 4.0 * 4.0)
 
 
 def test_grace_window_spends_only_existing_slack():
@@ -90,7 +110,7 @@ def run(tmp_path):
     box = gm.FileMailbox(tmp_path / "box")
     store = RunStore(box)
     algorithm = gm.DiLoCo.local_sgd(sync_every=10)
-    spec, created = join_run(store, NUMPY, numpy_model(1.0), algorithm, "creator")
+    spec, created = join_run(store, NUMPY, numpy_model(1.0), RunProposal(algorithm, lease_ttl_s=10.0), "creator")
     assert created
     return box, store, spec, syncer_on(store, spec, "syncer-node")
 
@@ -200,7 +220,7 @@ def test_max_staleness_merges_late_deltas_with_a_discount_and_replays(tmp_path):
     and its staleness recorded; two versions late it is stale; the round replays to its bytes."""
     store = RunStore(gm.FileMailbox(tmp_path / "box"))
     algorithm = gm.DiLoCo.local_sgd(sync_every=10, max_staleness=1, carry_unmerged=False)
-    spec, _ = join_run(store, NUMPY, numpy_model(1.0), algorithm, "creator")
+    spec, _ = join_run(store, NUMPY, numpy_model(1.0), RunProposal(algorithm, lease_ttl_s=10.0), "creator")
     syncer = syncer_on(store, spec, "syncer-node")
     contribute(store, "a", 0, numpy_model(2.0), 10, 80)
     syncer.run_once()

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
+import boto3
+import numpy as np
 import pytest
 
-from gradientmail.errors import InvalidKey, KeyNotFound, RecordExists, VersionConflict
-from gradientmail.mailbox import Mailbox, ObjectInfo, open_mailbox
+from gradientmail.errors import InvalidKey, KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
+from gradientmail.mailbox import FileMailbox, Mailbox, ObjectInfo, S3Mailbox, open_mailbox
+from tests.seaweedfs import S3Server
 
 BAD_KEYS = {
     "../x": "'..' segment",
@@ -237,3 +245,134 @@ def test_close_is_idempotent_and_the_mailbox_reopens(mailbox: Mailbox) -> None:
     mailbox.close()
     mailbox.close()
     assert mailbox.get("k") == b"v"
+
+
+# -- max_bytes: the size is checked before the bytes are read ----------------------------
+
+
+def test_an_object_of_exactly_max_bytes_is_returned(mailbox: Mailbox) -> None:
+    payload = os.urandom(1000)
+    token = mailbox.put("blob", payload)
+    assert mailbox.get("blob", max_bytes=1000) == payload
+    assert mailbox.get_versioned("blob", max_bytes=1000) == (payload, token)
+    assert mailbox.get_versioned("blob", max_bytes=10**9) == (payload, token)
+    assert mailbox.get("blob", max_bytes=np.int64(1000)) == payload  # any integer type
+    assert mailbox.get("blob", max_bytes=None) == payload
+
+
+def test_one_byte_over_max_bytes_raises_object_too_large(mailbox: Mailbox) -> None:
+    """INV-13: every store refuses an object one byte over the reader's allowance."""
+    mailbox.put("dir/blob", os.urandom(1001))
+    for read in (mailbox.get, mailbox.get_versioned):
+        with pytest.raises(ObjectTooLarge) as caught:
+            read("dir/blob", max_bytes=1000)
+        message = str(caught.value)
+        assert "'dir/blob'" in message and "1001 bytes" in message and "1000 bytes" in message
+        assert "\n" not in message
+        assert not caught.value.retryable
+    assert mailbox.get("dir/blob", max_bytes=1001) == mailbox.get("dir/blob")  # refusing changed nothing
+
+
+def test_max_bytes_zero(mailbox: Mailbox) -> None:
+    token = mailbox.put("empty", b"")
+    assert mailbox.get("empty", max_bytes=0) == b""
+    assert mailbox.get_versioned("empty", max_bytes=0) == (b"", token)
+    mailbox.put("one", b"x")
+    with pytest.raises(ObjectTooLarge, match="'one'"):
+        mailbox.get("one", max_bytes=0)
+    with pytest.raises(ObjectTooLarge, match="'one'"):
+        mailbox.get_versioned("one", max_bytes=0)
+
+
+def test_max_bytes_on_a_missing_key(mailbox: Mailbox) -> None:
+    with pytest.raises(KeyNotFound):
+        mailbox.get("nope", max_bytes=10)
+    with pytest.raises(KeyNotFound):
+        mailbox.get_versioned("nope", max_bytes=0)
+
+
+@pytest.mark.parametrize(
+    "bad, error, problem",
+    [(-1, ValueError, ">= 0"), (1.5, TypeError, "float"), ("10", TypeError, "str"), (True, TypeError, "bool")],
+    ids=["negative", "float", "str", "bool"],
+)
+def test_a_malformed_max_bytes_is_refused(mailbox: Mailbox, bad: object, error: type[Exception], problem: str) -> None:
+    mailbox.put("k", b"value")
+    for read in (mailbox.get, mailbox.get_versioned):
+        with pytest.raises(error, match="max_bytes") as caught:
+            read("k", max_bytes=bad)  # type: ignore[arg-type]
+        assert problem in str(caught.value)
+        assert not isinstance(caught.value, ObjectTooLarge)
+    with pytest.raises(InvalidKey):  # the key is still checked first
+        mailbox.get("../k", max_bytes=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/zero"), reason="needs /dev/zero")
+def test_file_store_bounds_the_read_when_fstat_understates_the_size(tmp_path: Path) -> None:
+    """INV-13: fstat is not the only guard: a key that is (a link to) an endless file whose
+    size reads as 0 is cut off after max_bytes + 1 bytes, not read forever."""
+    box = FileMailbox(tmp_path / "mailbox")
+    os.symlink("/dev/zero", box.path / "endless")
+    with pytest.raises(ObjectTooLarge, match="'endless'.* larger than the 1000 bytes"):
+        box.get("endless", max_bytes=1000)
+    with pytest.raises(ObjectTooLarge):
+        box.get_versioned("endless", max_bytes=0)
+
+
+class GetObjectWire:
+    """What the S3 client asked for and got on every GetObject: the Range header it sent,
+    the Content-Length the server answered with, and the body bytes read from it."""
+
+    def __init__(self, events: Any) -> None:
+        self.ranges: list[str | None] = []
+        self.content_lengths: list[int] = []
+        self.body_bytes = 0
+        self._lock = threading.Lock()
+        events.register("before-send.s3.GetObject", self._sent)
+        events.register("after-call.s3.GetObject", self._received)
+
+    def _sent(self, request: Any, **_: Any) -> None:
+        sent = request.headers.get("Range")  # bytes once the request is signed
+        with self._lock:
+            self.ranges.append(sent.decode() if isinstance(sent, bytes) else sent)
+
+    def _received(self, http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
+        with self._lock:
+            self.content_lengths.append(int(http_response.headers.get("Content-Length", 0)))
+        body = parsed.get("Body")
+        if body is None:  # an error answer (e.g. 416 for a range of an empty object)
+            return
+        read = body.read
+
+        def counting_read(amt: int | None = None) -> bytes:
+            chunk: bytes = read(amt)
+            with self._lock:
+                self.body_bytes += len(chunk)
+            return chunk
+
+        body.read = counting_read
+
+
+@pytest.mark.s3
+def test_s3_refuses_a_large_object_after_one_small_ranged_get(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    """INV-13: a 4 MB object refused at max_bytes=1000 costs one GetObject for bytes 0-1000:
+    the server sends at most 1001 bytes and none of them are read."""
+    session = boto3.Session(
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key, region_name=s3_server.region
+    )
+    wire = GetObjectWire(session.events)
+    mailbox = make_s3_mailbox(session=session)
+    payload = os.urandom(4_000_000)
+    token = mailbox.put("fragments/huge.bin", payload)
+
+    for read in (mailbox.get, mailbox.get_versioned):
+        with pytest.raises(ObjectTooLarge, match=r"'fragments/huge\.bin'.* 4000000 bytes.* 1000 bytes"):
+            read("fragments/huge.bin", max_bytes=1000)
+    assert wire.ranges == ["bytes=0-1000", "bytes=0-1000"]
+    assert all(length <= 1001 for length in wire.content_lengths)
+    assert sum(wire.content_lengths) + wire.body_bytes < 64 * 1024
+    assert wire.body_bytes == 0  # refused from the headers alone
+
+    assert mailbox.get_versioned("fragments/huge.bin", max_bytes=4_000_000) == (payload, token)

@@ -22,6 +22,7 @@ from gradientmail.errors import (
     KeyNotFound,
     MailboxMisconfigured,
     MailboxUnavailable,
+    ObjectTooLarge,
     RecordExists,
     VersionConflict,
 )
@@ -125,6 +126,106 @@ def test_a_download_restarts_when_the_object_is_replaced_mid_read(
     assert replaced.is_set()
     assert data == new  # never a mix of the two versions
     assert token == rival.head("blob").token  # type: ignore[union-attr]
+
+
+# -- max_bytes: refused from the first answer's headers ------------------------------
+
+
+class GetObjectLog:
+    """The Range header of every GetObject sent, and the body bytes the mailbox read."""
+
+    def __init__(self, events: Any) -> None:
+        self.ranges: list[str | None] = []
+        self.body_bytes = 0
+        self._lock = threading.Lock()
+        events.register("before-send.s3.GetObject", self._sent)
+        events.register("after-call.s3.GetObject", self._received)
+
+    def _sent(self, request: Any, **_: Any) -> None:
+        sent = request.headers.get("Range")
+        with self._lock:
+            self.ranges.append(sent.decode() if isinstance(sent, bytes) else sent)
+
+    def _received(self, parsed: dict[str, Any], **_: Any) -> None:
+        body = parsed.get("Body")
+        if body is None:  # an error answer (e.g. 416 for a range of an empty object)
+            return
+        read = body.read
+
+        def counting_read(amt: int | None = None) -> bytes:
+            chunk: bytes = read(amt)
+            with self._lock:
+                self.body_bytes += len(chunk)
+            return chunk
+
+        body.read = counting_read
+
+
+def test_max_bytes_across_multipart_ranges(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
+    """INV-13: above one part, an allowed object still comes in parallel ranges with one
+    ETag; a refused one costs only the first request, and none of its body is read."""
+    session = _session(s3_server)
+    log = GetObjectLog(session.events)
+    mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
+    payload = _random_bytes(5, 12 * MiB)
+    token = mailbox.put("blob", payload)
+
+    assert mailbox.get_versioned("blob", max_bytes=12 * MiB) == (payload, token)
+    assert len(log.ranges) == 3 and log.ranges[0] == f"bytes=0-{5 * MiB - 1}"
+
+    for allowance in (12 * MiB - 1, 7 * MiB, 5 * MiB - 1, 10):
+        log.ranges.clear()
+        log.body_bytes = 0
+        with pytest.raises(ObjectTooLarge, match=f"{12 * MiB} bytes, more than the {allowance} bytes"):
+            mailbox.get_versioned("blob", max_bytes=allowance)
+        assert log.ranges == [f"bytes=0-{min(5 * MiB, allowance + 1) - 1}"]
+        assert log.body_bytes == 0
+
+
+def test_a_store_ignoring_the_range_is_refused_by_content_length(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    """INV-13: a store that answers a ranged GET with the whole object is refused by its
+    Content-Length header before any of the body is read."""
+    session = _session(s3_server)
+
+    def strip_range(request: Any, **_: Any) -> None:
+        if "Range" in request.headers:
+            del request.headers["Range"]
+
+    session.events.register("before-sign.s3.GetObject", strip_range)
+    log = GetObjectLog(session.events)
+    mailbox = make_s3_mailbox(session=session)
+    payload = _random_bytes(6, 4 * MiB)
+    token = mailbox.put("blob", payload)
+
+    with pytest.raises(ObjectTooLarge, match=f"{4 * MiB} bytes"):
+        mailbox.get("blob", max_bytes=1000)
+    assert log.ranges == [None] and log.body_bytes == 0
+    assert mailbox.get_versioned("blob", max_bytes=4 * MiB) == (payload, token)
+
+
+def test_an_empty_object_replaced_by_a_huge_one_is_still_refused(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    """INV-13: an empty object has no byte 0, so its ranged GET fails and is asked again
+    whole; a writer who swaps in a huge object between the two requests gains nothing."""
+    session = _session(s3_server)
+    log = GetObjectLog(session.events)
+    huge = _random_bytes(7, 4 * MiB)
+
+    def swap_in_huge(params: dict[str, Any], **_: Any) -> None:
+        if "Range" not in params:
+            rival.put("blob", huge)
+
+    session.events.register("provide-client-params.s3.GetObject", swap_in_huge)  # before the client exists
+    mailbox = make_s3_mailbox(session=session)
+    rival = make_s3_mailbox(mailbox.prefix)
+    mailbox.put("blob", b"")
+    with pytest.raises(ObjectTooLarge, match=f"{4 * MiB} bytes"):
+        mailbox.get("blob", max_bytes=1000)
+    assert log.ranges == ["bytes=0-1000", None]  # the unranged retry did happen
+    assert log.body_bytes == 0
 
 
 # -- injected transient failures -----------------------------------------------------
@@ -429,6 +530,9 @@ def test_minio_mailbox_is_an_s3_mailbox(s3_server: S3Server) -> None:
         assert isinstance(mailbox, S3Mailbox)
         token = mailbox.create("k", b"v")
         assert mailbox.get_versioned("k") == (b"v", token)
+        assert mailbox.get_versioned("k", max_bytes=1) == (b"v", token)
+        with pytest.raises(ObjectTooLarge):
+            mailbox.get("k", max_bytes=0)
         assert mailbox.url == f"minio://{host}/{s3_server.bucket}/{prefix}?secure=false"
         with_keys = f"minio://{s3_server.access_key}:{s3_server.secret_key}@{host}/{s3_server.bucket}/{prefix}?secure=false"
         other = open_mailbox(with_keys)

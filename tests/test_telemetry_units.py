@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import gradientmail as gm
 from gradientmail.backends import get_backend
 from gradientmail.records import keys
-from gradientmail.session.join import join_run
+from gradientmail.session.join import RunProposal, join_run
 from gradientmail.settings import NodeSettings
 from gradientmail.store import RunStore
 from gradientmail.store.leases import LearnerLease
@@ -129,12 +129,14 @@ def test_settings_turn_telemetry_on_only_when_asked():
 
 
 def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp_path):
-    """INV-6: a learner stops counting as live once its lease stood still for a TTL on the syncer's clock."""
+    """INV-6: a learner stops counting as live once its lease stood still for the run's TTL on the syncer's clock."""
     box = gm.FileMailbox(tmp_path / "box")
     store = RunStore(box)
-    spec, _ = join_run(store, get_backend("numpy"), {"w": np.zeros(3, np.float32)}, gm.DiLoCo(), "creator")
+    spec, _ = join_run(
+        store, get_backend("numpy"), {"w": np.zeros(3, np.float32)}, RunProposal(gm.DiLoCo(), lease_ttl_s=10.0), "creator"
+    )
     clock = FakeClock()
-    syncer = SyncerRuntime(store, get_backend("numpy"), spec, "node", lease_ttl_s=10.0, poll_interval_s=0.2, clock=clock)
+    syncer = SyncerRuntime(store, get_backend("numpy"), spec, "node", lease_ttl_s=2.0, poll_interval_s=0.2, clock=clock)
     dying, leaving = LearnerLease(store, "dying", 2.0), LearnerLease(store, "leaving", 2.0)
     dying.renew({})
     leaving.renew({})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
@@ -9,6 +10,9 @@ import numpy as np
 
 from gradientmail.backends.base import Backend, Tensor
 from gradientmail.backends.payload import FLOAT_DTYPES, dtype_name_of, numpy_dtype
+
+_CHUNK = 1 << 20
+"""Elements per pass of the reductions: bounds their temporary memory at a few MB."""
 
 
 class NumpyBackend(Backend):
@@ -23,8 +27,13 @@ class NumpyBackend(Backend):
         return np.asarray(tensor).astype(np.float32, copy=True)
 
     def norm(self, tensor: Tensor) -> float:
-        flat = np.asarray(tensor, dtype=np.float32).reshape(-1).astype(np.float64)
-        return float(np.sqrt(np.dot(flat, flat)))
+        # fp64 sums over bounded chunks: exact enough, and no full-size fp64 copy of a large delta
+        flat = np.asarray(tensor).reshape(-1)
+        total = 0.0
+        for start in range(0, flat.size, _CHUNK):
+            chunk = flat[start : start + _CHUNK].astype(np.float64)
+            total += float(np.dot(chunk, chunk))
+        return math.sqrt(total)
 
     def scale(self, tensor: Tensor, factor: float) -> np.ndarray:
         scaled: np.ndarray = np.asarray(tensor, dtype=np.float32) * np.float32(factor)  # NumPy's stubs type the product as Any
@@ -43,7 +52,13 @@ class NumpyBackend(Backend):
         array = np.asarray(tensor)
         if dtype_name_of(array) not in FLOAT_DTYPES:
             return True
-        return bool(np.isfinite(array.astype(np.float64)).all())
+        flat = array.reshape(-1)
+        native = array.dtype in (np.float16, np.float32, np.float64)
+        for start in range(0, flat.size, _CHUNK):
+            chunk = flat[start : start + _CHUNK]
+            if not np.isfinite(chunk if native else chunk.astype(np.float32)).all():
+                return False
+        return True
 
     def cast(self, tensor: Tensor, dtype: str) -> np.ndarray:
         return np.asarray(tensor).astype(numpy_dtype(dtype))

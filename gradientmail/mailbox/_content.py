@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from typing import BinaryIO
+import operator
+from typing import BinaryIO, SupportsIndex
 
-__all__ = ["as_payload", "as_token", "content_token", "stream_token"]
+from gradientmail.errors import ObjectTooLarge
+
+__all__ = ["as_max_bytes", "as_payload", "as_token", "content_token", "read_at_most", "stream_token", "too_large"]
 
 _CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -48,3 +51,45 @@ def as_token(token: str) -> str:
     if not isinstance(token, str):
         raise TypeError(f"version tokens are str, not {type(token).__name__}")
     return token
+
+
+def as_max_bytes(max_bytes: object) -> int | None:
+    """Return a reader's allowance ``max_bytes`` as an int (None: no limit).
+
+    Checked before any I/O, so a bad allowance can never be mistaken for "no limit".
+
+    Raises:
+        TypeError: not an integer (a bool or float is refused, not rounded).
+        ValueError: a negative allowance.
+    """
+    if max_bytes is None:
+        return None
+    if isinstance(max_bytes, bool):
+        raise TypeError("max_bytes must be an int or None, not bool")
+    if not isinstance(max_bytes, SupportsIndex):  # int, or an integer type such as numpy.int64
+        raise TypeError(f"max_bytes must be an int or None, not {type(max_bytes).__name__}")
+    allowance = operator.index(max_bytes)
+    if allowance < 0:
+        raise ValueError(f"max_bytes must be >= 0, got {allowance}")
+    return allowance
+
+
+def read_at_most(stream: BinaryIO, limit: int) -> bytes:
+    """Read until end of stream but never more than ``limit`` bytes; a result of exactly
+    ``limit`` bytes may mean there was more (callers ask for their allowance + 1)."""
+    chunks: list[bytes] = []
+    left = limit
+    while left > 0:
+        chunk = stream.read(min(left, _CHUNK_BYTES))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def too_large(key: str, where: str, size: int | None, max_bytes: int) -> ObjectTooLarge:
+    """The one-line error for an object over a reader's allowance; ``size`` is None when
+    the store did not say (the object was cut off after ``max_bytes`` + 1 bytes)."""
+    stored = f"is {size} bytes, more than" if size is not None else "is larger than"
+    return ObjectTooLarge(f"mailbox key {key!r} in {where} {stored} the {max_bytes} bytes the reader allows (max_bytes)")

@@ -6,9 +6,11 @@ compare-and-swap of large fragments need exactly those on ``CompleteMultipartUpl
 So this module drives the multipart API itself on a thread pool: the parts go up in
 parallel and the condition is checked once, atomically, when the upload is completed.
 Downloads fetch the first part, learn size and ETag from it, and fetch the rest in
-parallel with ``IfMatch`` on that ETag, so the pieces always belong to one version.
+parallel with ``IfMatch`` on that ETag, so the pieces always belong to one version. A
+reader with an allowance (``max_bytes``) asks for at most ``max_bytes + 1`` bytes first
+and refuses a larger object from that response's headers, before reading further.
 
-Everything here raises botocore's exceptions; the caller translates them.
+Everything here raises botocore's exceptions (and :class:`TooLarge`); the caller translates them.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from concurrent.futures import FIRST_EXCEPTION, Executor, wait
 from typing import Any, TypeVar
 
 from gradientmail.errors import MailboxUnavailable
+from gradientmail.mailbox._content import read_at_most
 from gradientmail.mailbox._s3_errors import error_code, http_status, stream_errors
 
-__all__ = ["MAX_PARTS", "MIN_PART_BYTES", "download", "run_all", "upload"]
+__all__ = ["MAX_PARTS", "MIN_PART_BYTES", "TooLarge", "download", "run_all", "upload"]
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest allowed part (all but the last)."""
@@ -35,6 +38,17 @@ _READ_RESTARTS = 3
 """How often a download restarts when the object is replaced while it is being read."""
 
 T = TypeVar("T")
+
+
+class TooLarge(Exception):
+    """The object is larger than the reader's allowance ``max_bytes``; ``size`` is None when
+    the store did not say how large (the caller turns this into ``ObjectTooLarge`` with
+    the mailbox key)."""
+
+    def __init__(self, size: int | None, max_bytes: int) -> None:
+        super().__init__(size, max_bytes)
+        self.size = size
+        self.max_bytes = max_bytes
 
 
 def run_all(executor: Executor, tasks: list[Callable[[], T]]) -> list[T]:
@@ -112,24 +126,46 @@ def upload(
         raise
 
 
-def download(client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int) -> tuple[bytes, str]:
-    """Return the object's bytes and ETag, fetching parts of ``part_bytes`` in parallel."""
+def download(
+    client: Any,
+    executor: Executor,
+    *,
+    bucket: str,
+    key: str,
+    part_bytes: int,
+    max_attempts: int,
+    max_bytes: int | None = None,
+) -> tuple[bytes, str]:
+    """Return the object's bytes and ETag, fetching parts of ``part_bytes`` in parallel.
+
+    Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
+    most ``max_bytes + 1`` bytes of it.
+    """
     for _ in range(_READ_RESTARTS):
-        found = _download_one_version(client, executor, bucket=bucket, key=key, part_bytes=part_bytes, max_attempts=max_attempts)
+        found = _download_one_version(
+            client, executor, bucket=bucket, key=key, part_bytes=part_bytes, max_attempts=max_attempts, max_bytes=max_bytes
+        )
         if found is not None:
             return found
     raise MailboxUnavailable(f"s3://{bucket}/{key} kept changing while it was being read")
 
 
 def _download_one_version(
-    client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int
+    client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int, max_bytes: int | None
 ) -> tuple[bytes, str] | None:
     """Read the current version whole, or return None if it was replaced meanwhile."""
     from botocore.exceptions import ClientError
 
-    first, response = _get(client, {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{part_bytes - 1}"}, max_attempts)
+    # With an allowance, one byte more than allowed is enough to tell "too large" even
+    # from a store that reports no size.
+    first_bytes = part_bytes if max_bytes is None else min(part_bytes, max_bytes + 1)
+    first, response = _get(
+        client, {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{first_bytes - 1}"}, max_attempts, max_bytes=max_bytes
+    )
     etag = str(response["ETag"])
     total = _total_size(response, len(first))
+    if max_bytes is not None and total > max_bytes:
+        raise TooLarge(total, max_bytes)
     if total <= len(first):
         return first, etag
     buffer = bytearray(total)
@@ -152,9 +188,15 @@ def _download_one_version(
     return bytes(buffer), etag
 
 
-def _get(client: Any, params: dict[str, Any], max_attempts: int) -> tuple[bytes, dict[str, Any]]:
+def _get(client: Any, params: dict[str, Any], max_attempts: int, *, max_bytes: int | None = None) -> tuple[bytes, dict[str, Any]]:
     """GetObject and read its body, retrying when the body breaks off mid-stream (botocore
-    retries the request itself, but not a body that fails after the headers arrived)."""
+    retries the request itself, but not a body that fails after the headers arrived).
+
+    With ``max_bytes``, an object the headers show to be larger raises ``TooLarge`` before
+    any of the body is read, and at most ``max_bytes + 1`` body bytes are ever read (a
+    store may ignore the range, or answer the unranged retry of an empty object with an
+    object that has since been replaced by a huge one).
+    """
     from botocore.exceptions import ClientError
 
     attempt = 0
@@ -169,12 +211,35 @@ def _get(client: Any, params: dict[str, Any], max_attempts: int) -> tuple[bytes,
                 response = client.get_object(**params)
             else:
                 raise
+        body = response["Body"]
         try:
-            return response["Body"].read(), response
+            if max_bytes is None:
+                return body.read(), response
+            declared = _declared_size(response)
+            if declared is not None and declared > max_bytes:
+                raise TooLarge(declared, max_bytes)
+            data = read_at_most(body, max_bytes + 1)
+            if len(data) > max_bytes:
+                raise TooLarge(None, max_bytes)  # a store that ignored the range and sent no length
+            return data, response
         except stream_errors():
             if attempt >= max_attempts:
                 raise
             backoff(attempt)
+        finally:
+            body.close()  # drops the connection if the body was left unread
+
+
+def _declared_size(response: dict[str, Any]) -> int | None:
+    """The whole object's size as the response headers state it: the total of
+    ``Content-Range`` for a partial answer, ``Content-Length`` for a whole one."""
+    total = (response.get("ContentRange") or "").rpartition("/")[2]
+    if total.isdigit():
+        return int(total)
+    if response.get("ContentRange"):
+        return None  # "bytes a-b/*": the store does not know the size
+    length = response.get("ContentLength")
+    return int(length) if length is not None else None
 
 
 def _total_size(response: dict[str, Any], received: int) -> int:

@@ -40,6 +40,7 @@ class Mailbox(Protocol):
       never a partial write; ``create`` and ``swap`` are atomic against every other write.
     * **Errors**: only ``gradientmail.errors`` types escape. ``KeyNotFound``,
       ``RecordExists`` and ``VersionConflict`` are outcomes the protocol handles;
+      ``ObjectTooLarge`` refuses an object over a reader's ``max_bytes``;
       ``MailboxUnavailable`` (retryable later) means the store kept failing after the
       store's own retries; ``MailboxMisconfigured`` means the user must fix something
       (bucket, credentials, a store without conditional writes).
@@ -54,13 +55,23 @@ class Mailbox(Protocol):
         It never contains secrets."""
         ...
 
-    def get(self, key: str) -> bytes:
-        """Return the stored bytes. Raises ``KeyNotFound`` if the key is absent."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """Return the stored bytes. Raises ``KeyNotFound`` if the key is absent.
+
+        ``max_bytes`` is the most the caller will accept. Anyone who can write to the
+        mailbox can store an object of any size, and a reader that fetched it whole before
+        looking would let such a writer exhaust its memory or bandwidth; so a store learns
+        the size first (``Content-Range`` of one ranged GET, ``fstat``) and, when the object
+        is larger, raises ``ObjectTooLarge`` having read at most about ``max_bytes`` bytes.
+        None (the default) reads any size. ``TypeError``/``ValueError`` for an allowance
+        that is not a non-negative int, before any I/O.
+        """
         ...
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """Return the stored bytes and the token of exactly those bytes (for a later
-        :meth:`swap`). Raises ``KeyNotFound`` if the key is absent."""
+        :meth:`swap`). Raises ``KeyNotFound`` if the key is absent, and ``ObjectTooLarge``
+        if it holds more than ``max_bytes`` bytes (see :meth:`get`)."""
         ...
 
     def head(self, key: str) -> ObjectInfo | None:

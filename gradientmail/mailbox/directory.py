@@ -43,7 +43,15 @@ from gradientmail.errors import (
     RecordExists,
     VersionConflict,
 )
-from gradientmail.mailbox._content import as_payload, as_token, content_token, stream_token
+from gradientmail.mailbox._content import (
+    as_max_bytes,
+    as_payload,
+    as_token,
+    content_token,
+    read_at_most,
+    stream_token,
+    too_large,
+)
 from gradientmail.mailbox.base import ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
@@ -89,14 +97,27 @@ class FileMailbox:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
-        return self.get_versioned(key)[0]
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.get_versioned(key, max_bytes=max_bytes)[0]
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         path = self._path(key)
+        allowance = as_max_bytes(max_bytes)
         try:
-            with open(path, "rb") as stream:
-                data = stream.read()
+            # Size from the open file, not the path: a replacement between a stat and the
+            # open cannot slip a bigger version past the check.
+            with open(path, "rb", buffering=0) as stream:
+                if allowance is None:
+                    data = stream.read()
+                else:
+                    size = os.fstat(stream.fileno()).st_size
+                    if size > allowance:
+                        raise too_large(key, self.url, size, allowance)
+                    # Bounded even so: the file may grow after the fstat (someone writing
+                    # into it in place), or not be a regular file at all.
+                    data = read_at_most(stream, allowance + 1)
+                    if len(data) > allowance:
+                        raise too_large(key, self.url, None, allowance)
         except OSError as exc:
             raise self._error(exc, "get", key) from exc
         return data, content_token(data)

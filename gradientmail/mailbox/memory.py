@@ -11,7 +11,7 @@ import uuid
 import weakref
 
 from gradientmail.errors import InvalidConfig, KeyNotFound, RecordExists, VersionConflict
-from gradientmail.mailbox._content import as_payload, as_token, content_token
+from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, content_token, too_large
 from gradientmail.mailbox.base import ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
@@ -67,15 +67,18 @@ class MemoryMailbox:
     def url(self) -> str:
         return f"memory://{self._name}"
 
-    def get(self, key: str) -> bytes:
-        return self.get_versioned(key)[0]
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.get_versioned(key, max_bytes=max_bytes)[0]
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         validate_key(key)
+        allowance = as_max_bytes(max_bytes)
         with self._lock:
             found = self._objects.get(key)
         if found is None:
             raise KeyNotFound(f"mailbox key {key!r} not found in {self.url}")
+        if allowance is not None and len(found[0]) > allowance:
+            raise too_large(key, self.url, len(found[0]), allowance)
         return found
 
     def head(self, key: str) -> ObjectInfo | None:

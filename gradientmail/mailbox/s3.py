@@ -31,7 +31,7 @@ from gradientmail.errors import (
     VersionConflict,
 )
 from gradientmail.mailbox import _s3_transfer
-from gradientmail.mailbox._content import as_payload, as_token
+from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, too_large
 from gradientmail.mailbox._s3_errors import error_code, http_status, is_transport_error, translate
 from gradientmail.mailbox.base import ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
@@ -217,20 +217,28 @@ class S3Mailbox:
 
     # -- reads -------------------------------------------------------------------------
 
-    def get(self, key: str) -> bytes:
-        return self.get_versioned(key)[0]
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.get_versioned(key, max_bytes=max_bytes)[0]
 
-    def get_versioned(self, key: str) -> tuple[bytes, str]:
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """Read the object: one ranged GET of the first part (of at most ``max_bytes`` + 1
+        bytes, so an oversized object is refused from that answer's ``Content-Range``),
+        then the remaining parts in parallel, each conditional on the first part's ETag."""
         object_key = self._object_key(key)
-        with self._translating("GetObject", object_key):
-            return _s3_transfer.download(
-                self._client(),
-                self._executor(),
-                bucket=self._bucket,
-                key=object_key,
-                part_bytes=self._tuning.part_size_bytes,
-                max_attempts=self._tuning.max_attempts,
-            )
+        allowance = as_max_bytes(max_bytes)
+        try:
+            with self._translating("GetObject", object_key):
+                return _s3_transfer.download(
+                    self._client(),
+                    self._executor(),
+                    bucket=self._bucket,
+                    key=object_key,
+                    part_bytes=self._tuning.part_size_bytes,
+                    max_attempts=self._tuning.max_attempts,
+                    max_bytes=allowance,
+                )
+        except _s3_transfer.TooLarge as exc:
+            raise too_large(key, self.url, exc.size, exc.max_bytes) from None
 
     def head(self, key: str) -> ObjectInfo | None:
         response = self._head_object(self._object_key(key))
@@ -446,8 +454,10 @@ class S3Mailbox:
         probe_key = f"{self._root}{_PROBE_PREFIX}{uuid.uuid4().hex}"
         ignored: list[str] = []
         with self._translating("PutObject (checking conditional writes)", probe_key):
-            client.put_object(Bucket=self._bucket, Key=probe_key, Body=b"first", IfNoneMatch="*")
             try:
+                # a plain put: the key is fresh, and a retried put whose first response was lost
+                # must not fail the check (a conditional one would answer 412 to its own write)
+                client.put_object(Bucket=self._bucket, Key=probe_key, Body=b"first")
                 probes = (
                     ("If-None-Match", {"IfNoneMatch": "*"}),
                     ("If-Match", {"IfMatch": '"gradientmail-probe-never-matches"'}),

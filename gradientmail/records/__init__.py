@@ -6,6 +6,7 @@ from gradientmail.records.models import (
     REJECTION_REASONS,
     SCHEMA_VERSION,
     Contribution,
+    Head,
     Lease,
     Manifest,
     ParameterSpec,
@@ -37,6 +38,7 @@ __all__ = [
     "Realignment",
     "RealignReason",
     "Lease",
+    "Head",
     "check_learner_id",
     "default_learner_id",
 ]

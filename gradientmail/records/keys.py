@@ -4,6 +4,7 @@ All keys are relative to the run's root (an S3 prefix or a directory). Numbers a
 zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Key layout".
 
     manifest.json                                            create-once, first learner
+    fragments/{f:04d}/head.json                              mutable hint: the newest version
     fragments/{f:04d}/rounds/{v:010d}.json                   create-once, commits version v
     fragments/{f:04d}/versions/{v:010d}/params-{w}.{a}.safetensors   immutable, attempt-unique
     fragments/{f:04d}/versions/{v:010d}/outer-{w}.{a}.safetensors    immutable, attempt-unique
@@ -27,11 +28,22 @@ LEARNER_LEASES = "leases/learners/"
 FRAGMENTS = "fragments/"
 
 _ROUND = re.compile(r"^fragments/(\d{4})/rounds/(\d{10})\.json$")
+_VERSION_BLOB = re.compile(r"^fragments/(\d{4})/versions/(\d{10})/[^/]+$")
 _CONTRIBUTION = re.compile(r"^fragments/(\d{4})/contributions/(\d{10})/([^/]+)-(\d{10})\.json$")
 
 
 def fragment_root(fragment: int) -> str:
     return f"fragments/{fragment:04d}/"
+
+
+def head(fragment: int) -> str:
+    """The mutable pointer to a fragment's newest committed version (a hint, never the commit)."""
+    return f"{fragment_root(fragment)}head.json"
+
+
+def versions_prefix(fragment: int) -> str:
+    """Where the blobs of every version of ``fragment`` live (what retention collects)."""
+    return f"{fragment_root(fragment)}versions/"
 
 
 def rounds_prefix(fragment: int) -> str:
@@ -107,6 +119,12 @@ class ContributionKey:
 def parse_round_record(key: str) -> RoundKey | None:
     """The (fragment, version) a round-record key names, or None for any other key."""
     match = _ROUND.match(key)
+    return RoundKey(int(match[1]), int(match[2])) if match else None
+
+
+def parse_version_blob(key: str) -> RoundKey | None:
+    """The (fragment, version) whose blob directory holds ``key``, or None for any other key."""
+    match = _VERSION_BLOB.match(key)
     return RoundKey(int(match[1]), int(match[2])) if match else None
 
 

@@ -7,14 +7,20 @@ the problem. Records are immutable (frozen) once built.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import typing
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from gradientmail.errors import InvalidRecord
 from gradientmail.records.ids import check_learner_id
@@ -22,7 +28,17 @@ from gradientmail.records.ids import check_learner_id
 SCHEMA_VERSION: Literal[1] = 1
 SHA256_HEX = re.compile(r"^[0-9a-f]{64}$")
 MAX_RECORD_BYTES = 16 * 1024 * 1024
-"""A record larger than this is refused before parsing (records are metadata, not tensors)."""
+"""The largest record of any kind (a manifest of a very large model); each kind sets its own
+``max_bytes`` below it, and readers fetch no more than that (records are metadata, not tensors)."""
+MAX_STEPS = 2**31 - 1
+"""Largest step count a record may carry (far beyond any run; keeps weights finite)."""
+MAX_SAMPLES = 2**53
+"""Largest sample count a record may carry: samples² / steps stays a finite float."""
+MAC_HEX = re.compile(r"^[0-9a-f]{64}$")
+
+_STRICT = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+"""Every record model: immutable, no unknown fields, no coercion (``2.0``, ``true`` or ``"5"``
+is not a step count), no NaN or infinity."""
 
 RecordT = TypeVar("RecordT", bound="Record")
 
@@ -36,42 +52,77 @@ LearnerId = Annotated[str, AfterValidator(check_learner_id)]
 
 
 class Record(BaseModel):
-    """Base of every record: frozen, strict about unknown fields, versioned."""
+    """Base of every record: frozen, strict, versioned, optionally signed (``mac``)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     record_type: ClassVar[str] = "record"
+    max_bytes: ClassVar[int] = MAX_RECORD_BYTES
+    """Readers fetch at most this many bytes of a record of this kind (size before bytes)."""
     schema_version: Literal[1] = SCHEMA_VERSION
+    """Required on the wire (a record without it is refused); code that builds a record gets it."""
+    mac: str | None = None
+    """HMAC-SHA256 of the record's signed content under the run key (``records.auth``); None in
+    a run without a key."""
+
+    @field_validator("mac")
+    @classmethod
+    def _mac_hex(cls, value: str | None) -> str | None:
+        if value is not None and not MAC_HEX.match(value):
+            raise ValueError("must be 64 lowercase hex digits")
+        return value
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode("utf-8")
 
+    def signed_content(self) -> bytes:
+        """What the MAC covers: the canonical JSON of every field but ``mac`` (it includes the
+        checksums of every blob the record references)."""
+        return self.model_dump_json(exclude={"mac"}).encode("utf-8")
+
     @classmethod
     def from_json(cls: type[RecordT], data: bytes | str) -> RecordT:
-        """Parse and validate; raises ``InvalidRecord`` with the reason."""
-        if len(data) > MAX_RECORD_BYTES:
-            raise InvalidRecord(f"{cls.record_type} record is {len(data)} bytes, over the {MAX_RECORD_BYTES} limit")
+        """Parse and validate; raises ``InvalidRecord`` with the reason, whatever the input.
+
+        The parser is pydantic's own (bounded nesting depth), strict about types and refusing
+        NaN and infinity, so hostile JSON becomes a reason, never an exception of another kind.
+        """
+        if len(data) > cls.max_bytes:
+            raise InvalidRecord(f"{cls.record_type} record is {len(data)} bytes, over the {cls.max_bytes} limit")
         try:
-            raw = json.loads(data)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidRecord(f"{cls.record_type} record is not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise InvalidRecord(f"{cls.record_type} record must be a JSON object, got {type(raw).__name__}")
-        version = raw.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise InvalidRecord(
-                f"{cls.record_type} record has schema_version {version!r}; this GradientMail reads version {SCHEMA_VERSION}"
-            )
-        try:
-            return cls.model_validate(raw)
+            record = cls.model_validate_json(data)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in exc.errors())
-            raise InvalidRecord(f"malformed {cls.record_type} record: {problems}") from None
+            unversioned = "schema_version" not in (data if isinstance(data, str) else data.decode("utf-8", "replace"))
+            if unversioned and exc.errors()[0]["type"] not in ("json_invalid", "model_type"):
+                raise InvalidRecord(_unversioned(cls.record_type)) from None
+            raise InvalidRecord(_problems(cls.record_type, exc)) from None
+        except Exception as exc:  # anything else the parser may raise is still just bad input
+            raise InvalidRecord(f"malformed {cls.record_type} record: {type(exc).__name__}: {exc}"[:500]) from None
+        if "schema_version" not in record.model_fields_set:
+            raise InvalidRecord(_unversioned(cls.record_type))
+        return record
+
+
+def _unversioned(record_type: str) -> str:
+    return f"{record_type} record has schema_version None; this GradientMail reads version {SCHEMA_VERSION}"
+
+
+def _problems(record_type: str, error: ValidationError) -> str:
+    errors = error.errors()
+    for item in errors:
+        if item["loc"] == ("schema_version",) and item["type"] == "literal_error":
+            return f"{record_type} record has schema_version {item['input']!r}; this GradientMail reads version {SCHEMA_VERSION}"
+    if errors and errors[0]["type"] == "json_invalid":
+        return f"{record_type} record is not JSON: {errors[0]['msg']}"
+    if errors and errors[0]["type"] == "model_type":
+        return f"{record_type} record must be a JSON object, got {type(errors[0]['input']).__name__}"
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(record)'}: {e['msg']}" for e in errors)
+    return f"malformed {record_type} record: {problems}"[:2000]
 
 
 class ParameterSpec(BaseModel):
     """One model parameter as the manifest pins it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     name: str = Field(min_length=1, max_length=512)
     shape: tuple[int, ...]
     dtype: str
@@ -100,6 +151,14 @@ class Manifest(Record):
     plan: tuple[tuple[str, ...], ...] = Field(min_length=1)
     created_by: LearnerId
     created_at: str = Field(default_factory=utc_now)
+    key_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
+    """Fingerprint of the run key (not the key): set when the run's records are signed, so a node
+    with another key, or none, refuses to join instead of being ignored."""
+    lease_ttl_s: float | None = Field(default=None, gt=0, le=3600)
+    """The run's lease TTL: every node judges every lease by it (a lease's own ``ttl_s`` is only
+    informative). None (runs from before it was recorded): 10 s."""
+    retention: dict[str, Any] | None = None
+    """``Retention.to_manifest()``: what the syncer keeps and collects; None: the defaults."""
 
     @field_validator("plan")
     @classmethod
@@ -118,10 +177,10 @@ class Manifest(Record):
 class PayloadRef(BaseModel):
     """An immutable blob a record points at, with what is needed to verify it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    key: str = Field(min_length=1)
+    model_config = _STRICT
+    key: str = Field(min_length=1, max_length=1024)
     sha256: str
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=2**50)
 
     @field_validator("sha256")
     @classmethod
@@ -140,9 +199,9 @@ class Realignment(BaseModel):
     """Work a learner dropped (re-aligned to a commit without carrying it), reported with its
     next contribution so that every learner step is accounted for in a round record."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    steps: int = Field(ge=0)
-    samples: int = Field(ge=0)
+    model_config = _STRICT
+    steps: int = Field(ge=0, le=MAX_STEPS)
+    samples: int = Field(ge=0, le=MAX_SAMPLES)
     reason: RealignReason
     at_version: int = Field(ge=0)
     """The version the learner re-aligned to."""
@@ -152,28 +211,29 @@ class Contribution(Record):
     """A learner's delta (anchor − local parameters) for one fragment, against one version."""
 
     record_type: ClassVar[str] = "contribution"
+    max_bytes: ClassVar[int] = 1024 * 1024
     learner: LearnerId
     fragment: int = Field(ge=0)
     anchor_version: int = Field(ge=0)
-    steps: int = Field(ge=0)
+    steps: int = Field(ge=0, le=MAX_STEPS)
     """Local steps in the delta: since the learner's work on this fragment was last merged,
     including ``carried_steps``."""
-    samples: int = Field(ge=0)
-    carried_steps: int = Field(default=0, ge=0)
+    samples: int = Field(ge=0, le=MAX_SAMPLES)
+    carried_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Of ``steps``, those trained before the learner aligned with ``anchor_version`` and carried
     across that alignment (``DiLoCo.carry_unmerged``)."""
-    realigned: tuple[Realignment, ...] = ()
+    realigned: tuple[Realignment, ...] = Field(default=(), max_length=1024)
     """Work this learner dropped since its previous merged contribution, with the reason."""
     payload: PayloadRef
     final: bool = False
     """Published on close (flush): a round made only of final contributions skips momentum."""
-    step_time_s: float | None = Field(default=None, ge=0)
+    step_time_s: float | None = Field(default=None, ge=0, le=86400)
     """The learner's smoothed seconds per local step, for the grace window."""
     created_at: str = Field(default_factory=utc_now)
 
 
 class Participant(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     learner: LearnerId
     contribution: str
     """Key of the contribution record that was merged."""
@@ -187,17 +247,29 @@ class Participant(BaseModel):
     weight already includes the discount 1/(1 + staleness)."""
     realigned: tuple[Realignment, ...] = ()
     """Work the learner reported dropped since its previous merged contribution."""
+    norm: float | None = None
+    """L2 norm of the delta over the fragment (fp64 sum of squares): the syncer's outlier bound
+    is a robust statistic of recent rounds' norms, and a new syncer reads them from here."""
 
 
 RejectionReason = Literal[
-    "stale", "zero_steps", "incompatible", "non_finite", "corrupt", "duplicate", "invalid_counts", "malformed"
+    "stale",
+    "zero_steps",
+    "incompatible",
+    "non_finite",
+    "corrupt",
+    "duplicate",
+    "invalid_counts",
+    "malformed",
+    "unauthenticated",
+    "outlier",
 ]
 """Why a contribution took no part in a round; the one list (docs/protocol.md explains each)."""
 REJECTION_REASONS: tuple[RejectionReason, ...] = typing.get_args(RejectionReason)
 
 
 class Rejection(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     learner: str
     """As named by the contribution's key (may be unparseable: that is why it was rejected)."""
     contribution: str
@@ -208,7 +280,7 @@ class Rejection(BaseModel):
 class RoundTiming(BaseModel):
     """Seconds spent in each phase of a round (what the grace window was computed from)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _STRICT
     quorum_wait_s: float = 0.0
     grace_s: float = 0.0
     sync_s: float = 0.0
@@ -220,6 +292,7 @@ class RoundRecord(Record):
     """Commits version ``version`` of a fragment. Created once; its existence *is* the commit."""
 
     record_type: ClassVar[str] = "round"
+    max_bytes: ClassVar[int] = 8 * 1024 * 1024
     fragment: int = Field(ge=0)
     version: int = Field(ge=0)
     base_version: int | None = Field(default=None, ge=0)
@@ -238,6 +311,39 @@ class RoundRecord(Record):
     """Syncer election term of the committer (0 for version 0, written by the first learner)."""
     timing: RoundTiming = Field(default_factory=RoundTiming)
     created_at: str = Field(default_factory=utc_now)
+    previous: str | None = None
+    """sha256 of the stored bytes of the previous version's round record (None for version 0):
+    the records of a fragment form a hash chain, so a rollback or a rewritten record shows."""
+    backend: str | None = Field(default=None, max_length=32)
+    """The backend that merged (``numpy``, ``torch``): replay on the same one reproduces the bytes."""
+    samples_per_step_cap: float | None = Field(default=None, gt=0)
+    """The bound on samples per step used for the weights (samples are capped at it × steps);
+    None: no bound applied. Replay recomputes the weights with it."""
+
+    @field_validator("previous")
+    @classmethod
+    def _previous_hex(cls, value: str | None) -> str | None:
+        if value is not None and not SHA256_HEX.match(value):
+            raise ValueError("must be 64 lowercase hex digits")
+        return value
+
+
+class Head(Record):
+    """A fragment's newest committed version, rewritten after each commit so that finding it
+    does not list the history. Only a hint: readers confirm the record exists and probe past it."""
+
+    record_type: ClassVar[str] = "head"
+    max_bytes: ClassVar[int] = 4096
+    fragment: int = Field(ge=0)
+    version: int = Field(ge=0)
+    record_sha256: str
+
+    @field_validator("record_sha256")
+    @classmethod
+    def _hex(cls, value: str) -> str:
+        if not SHA256_HEX.match(value):
+            raise ValueError("must be 64 lowercase hex digits")
+        return value
 
 
 class Lease(Record):
@@ -250,11 +356,13 @@ class Lease(Record):
     """
 
     record_type: ClassVar[str] = "lease"
+    max_bytes: ClassVar[int] = 64 * 1024
     kind: Literal["learner", "syncer"]
     holder: LearnerId
     term: int = Field(default=0, ge=0)
     sequence: int = Field(default=0, ge=0)
     ttl_s: float = Field(gt=0)
+    """The writer's TTL, for humans: observers judge expiry by the run's TTL (the manifest's)."""
     released: bool = False
     """Set by a holder that leaves cleanly, so others need not wait for the TTL."""
     info: dict[str, Any] = Field(default_factory=dict)

@@ -1,8 +1,9 @@
 """The learner's background exchange: publish contributions, fetch commits, renew the lease.
 
-It runs on one polling loop and touches only NumPy arrays and the store, never the model:
-the training thread hands it deltas already copied to host memory and takes back fetched
-commits as host arrays, converting them between steps.
+Transfers run on one polling loop and the lease on another, so a slow upload never delays a
+renewal. Both touch only NumPy arrays and the store, never the model: the training thread
+hands deltas already copied to host memory and takes back fetched commits as host arrays,
+converting them between steps.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gradientmail.errors import GradientMailError
+from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.polling import PollingLoop
+from gradientmail.records import RoundRecord
 from gradientmail.store import ContributionCounts, LearnerLease, RunSpec, RunStore
 
 __all__ = ["Commit", "Exchange", "Publication"]
@@ -72,9 +74,10 @@ class Exchange:
         self._learner = learner_id
         self._known = list(known_versions)
         self._lease = LearnerLease(store, learner_id, lease_ttl_s)
-        self._lease_every_s = lease_ttl_s / 3
-        self._lease_renewed_at = float("-inf")
         self._lease_info = lease_info
+        self._lease_loop = PollingLoop(f"gm-lease-{learner_id}", self._renew_lease, lease_ttl_s / 3)
+        self._head_every_s = lease_ttl_s
+        self._head_checked_at = float("-inf")
         self._clock = clock
         self._on_change = on_change
         self._outbox: queue.Queue[Publication] = queue.Queue()
@@ -90,10 +93,12 @@ class Exchange:
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         self._renew_lease()
+        self._lease_loop.start()
         self._loop.start()
 
     def stop(self, release_lease: bool = True) -> None:
         self._loop.stop()
+        self._lease_loop.stop()
         self._drain_outbox()
         if release_lease:
             try:
@@ -120,8 +125,6 @@ class Exchange:
         self._drain_outbox()
         self._fetch_commits()
         self._watch_rounds()
-        if self._clock() - self._lease_renewed_at >= self._lease_every_s:
-            self._renew_lease()
 
     def _drain_outbox(self) -> None:
         while True:
@@ -144,21 +147,35 @@ class Exchange:
                 self._outbox.task_done()
 
     def _fetch_commits(self) -> None:
+        # Probing forward from what we know is the cheap common case; once a TTL, start from the
+        # head pointer instead, so a learner left behind by retention still finds the newest.
+        from_head = self._clock() - self._head_checked_at >= self._head_every_s
+        if from_head:
+            self._head_checked_at = self._clock()
         for fragment, known in enumerate(self._known):
-            newest = self._store.newest_version(fragment, known=known)
+            newest = self._store.newest_version(fragment, known=None if from_head else known)
             if newest is None or newest <= known:
                 continue
             record = self._store.read_round(fragment, newest)
             params = self._store.read_params(self._spec, record)
             self.bytes_fetched += record.params.size_bytes
-            first = record if newest == known + 1 else self._store.read_round(fragment, known + 1)
-            ours = any(p.learner == self._learner for p in first.participants)
+            ours = any(p.learner == self._learner for p in self._round_built_on(fragment, known, newest, record).participants)
             self._known[fragment] = newest
             with self._lock:
                 waiting = self._ready.get(fragment)  # not aligned with yet: the learner's base is still its base
                 base, ours = (waiting.base_version, waiting.ours_merged) if waiting is not None else (known, ours)
                 self._ready[fragment] = Commit(fragment, newest, params, base, ours)
             self._on_change()
+
+    def _round_built_on(self, fragment: int, known: int, newest: int, record: RoundRecord) -> RoundRecord:
+        """The round that followed ``known`` (``record`` itself when it did); an empty one when
+        retention already collected it (we were far behind: nothing of ours was in it)."""
+        if newest == known + 1:
+            return record
+        try:
+            return self._store.read_round(fragment, known + 1)
+        except KeyNotFound:
+            return record.model_copy(update={"participants": ()})
 
     def _watch_rounds(self) -> None:
         """Notice rounds other learners have opened on our versions, so we can join them early:
@@ -177,4 +194,3 @@ class Exchange:
 
     def _renew_lease(self) -> None:
         self._lease.renew(self._lease_info())
-        self._lease_renewed_at = self._clock()

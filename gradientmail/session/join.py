@@ -1,14 +1,17 @@
 """Joining a run: create it if we are first, else check we match it, then load its state.
 
 The first learner creates the manifest (create-once) and version 0 of every fragment with
-zero outer state. Any later learner compares its algorithm's run fields and its model's
-parameter names, shapes and dtypes with the manifest and refuses to join on a difference
-(``RunConfigMismatch`` lists every one). A fragment still missing version 0 (its creator
-died half-way) is initialised by whoever joins next; create-once keeps that safe.
+zero outer state. Any later learner compares its algorithm's run fields, its model's
+parameter names, shapes and dtypes, and its run key with the manifest and refuses to join on
+a difference (``RunConfigMismatch`` lists every one). The lease TTL and the retention policy
+are the run's: a joiner with other settings uses the manifest's. A fragment still missing
+version 0 (its creator died half-way) is initialised by whoever joins next; create-once
+keeps that safe.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -16,11 +19,13 @@ from gradientmail.algorithms.diloco import RUN_FIELDS, DiLoCo
 from gradientmail.algorithms.fragments import plan_fragments
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend
-from gradientmail.errors import RunConfigMismatch
+from gradientmail.errors import GradientMailError, RunConfigMismatch, Unauthenticated
 from gradientmail.records import Manifest, ParameterSpec
-from gradientmail.store import RunSpec, RunStore
+from gradientmail.store import Retention, RunSpec, RunStore
 
-__all__ = ["differences", "join_run", "model_signature", "proposed_manifest"]
+__all__ = ["RunProposal", "differences", "join_run", "model_signature", "proposed_manifest"]
+
+log = logging.getLogger(__name__)
 
 
 def model_signature(backend: Backend, model: Any) -> tuple[ParameterSpec, ...]:
@@ -31,17 +36,53 @@ def model_signature(backend: Backend, model: Any) -> tuple[ParameterSpec, ...]:
     )
 
 
-def proposed_manifest(backend: Backend, model: Any, algorithm: DiLoCo, learner_id: str) -> Manifest:
+class RunProposal:
+    """What this node would create the run with: the settings that are the run's, not one node's."""
+
+    def __init__(self, algorithm: DiLoCo, *, lease_ttl_s: float, retention: Retention | None = None) -> None:
+        self.algorithm = algorithm
+        self.lease_ttl_s = lease_ttl_s
+        self.retention = retention or Retention()
+
+
+def proposed_manifest(backend: Backend, model: Any, proposal: RunProposal, learner_id: str, key_id: str | None) -> Manifest:
     signature = model_signature(backend, model)
     sizes = [(spec.name, spec.numel) for spec in signature]
-    plan = plan_fragments(sizes, algorithm.fragments)
+    plan = plan_fragments(sizes, proposal.algorithm.fragments)
     return Manifest(
         run_id=uuid.uuid4().hex,
-        algorithm=algorithm.to_manifest(),
+        algorithm=proposal.algorithm.to_manifest(),
         parameters=signature,
         plan=plan.fragments,
         created_by=learner_id,
+        key_id=key_id,
+        lease_ttl_s=proposal.lease_ttl_s,
+        retention=proposal.retention.to_manifest(),
     )
+
+
+def _read_manifest(store: RunStore) -> Manifest | None:
+    """The manifest, verified under our key; a key mismatch becomes ``RunConfigMismatch``."""
+    ours = store.key.key_id if store.key is not None else None
+    try:
+        manifest = store.read_manifest()
+    except Unauthenticated:
+        unverified = store.read_manifest(verify=False)
+        theirs = unverified.key_id if unverified is not None else None
+        raise RunConfigMismatch(
+            [f"run key: the run is {'signed with key id ' + theirs if theirs else 'not signed'}, this node's key has id {ours}"]
+        ) from None
+    if manifest is not None and manifest.key_id != ours:
+        if manifest.key_id is None:
+            problem = (
+                f"run key: the run at {store.url} is not signed; this node has a run key (id {ours}): drop it or start a new run"
+            )
+        elif ours is None:
+            problem = f"run key: the run is signed (key id {manifest.key_id}); set GRADIENTMAIL_RUN_KEY (or run_key=) to its key"
+        else:
+            problem = f"run key: the run is signed with key id {manifest.key_id}, this node's key has id {ours}"
+        raise RunConfigMismatch([problem])
+    return manifest
 
 
 def differences(manifest: Manifest, algorithm: DiLoCo, signature: tuple[ParameterSpec, ...]) -> list[str]:
@@ -70,20 +111,27 @@ def differences(manifest: Manifest, algorithm: DiLoCo, signature: tuple[Paramete
     return found
 
 
-def join_run(store: RunStore, backend: Backend, model: Any, algorithm: DiLoCo, learner_id: str) -> tuple[RunSpec, bool]:
+def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposal, learner_id: str) -> tuple[RunSpec, bool]:
     """The run's view (its manifest created if absent) and whether this learner created it.
 
-    Raises ``RunConfigMismatch`` when the run differs from this node. Initialises any
-    fragment without version 0 from this model's parameters.
+    Raises ``RunConfigMismatch`` when the run differs from this node (run key included).
+    Initialises any fragment without version 0 from this model's parameters.
     """
-    proposal = proposed_manifest(backend, model, algorithm, learner_id)
-    manifest = store.read_manifest()
+    algorithm = proposal.algorithm
+    proposed = proposed_manifest(backend, model, proposal, learner_id, store.key.key_id if store.key is not None else None)
+    manifest = _read_manifest(store)
     created = False
     if manifest is None:
-        manifest, created = store.create_manifest(proposal)
-    problems = differences(manifest, algorithm, proposal.parameters)
+        created = store.create_manifest(proposed)
+        manifest = proposed if created else _read_manifest(store)
+        if manifest is None:  # create-once objects are never deleted
+            raise GradientMailError(f"the manifest of {store.url} exists but cannot be read")
+    problems = differences(manifest, algorithm, proposed.parameters)
     if problems:
         raise RunConfigMismatch(problems)
+    spec = RunSpec.from_manifest(manifest)
+    if not created and (spec.lease_ttl_s != proposal.lease_ttl_s or spec.retention != proposal.retention):
+        log.info("using the run's lease TTL (%gs) and retention (%s)", spec.lease_ttl_s, spec.retention.to_manifest())
     for fragment, names in enumerate(manifest.plan):
         if store.newest_version(fragment) is None:
             params = backend.read_parameters(model, names)
@@ -97,7 +145,7 @@ def join_run(store: RunStore, backend: Backend, model: Any, algorithm: DiLoCo, l
                 committed_by=learner_id,
                 term=0,
             )
-    return RunSpec.from_manifest(manifest), created
+    return spec, created
 
 
 def _some(names: list[str], limit: int = 5) -> str:

@@ -22,12 +22,13 @@ from gradientmail.algorithms import schedule
 from gradientmail.algorithms.align import aligned_parameters, carried_parameters, pseudo_gradient
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, Tensor, backend_for, get_backend
-from gradientmail.errors import InvalidConfig, InvalidKey
+from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, open_mailbox
-from gradientmail.records import Realignment, check_learner_id, default_learner_id
+from gradientmail.records import Realignment, check_learner_id, default_learner_id, keys
+from gradientmail.records.auth import RunKey
 from gradientmail.session.exchange import Commit, Exchange, Publication
-from gradientmail.session.join import join_run
-from gradientmail.store import ContributionCounts, RunSpec, RunStore
+from gradientmail.session.join import RunProposal, join_run
+from gradientmail.store import ContributionCounts, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry
 
@@ -44,8 +45,9 @@ class SessionOptions:
     """How one node talks to the mailbox. Defaults suit a run over S3 with steps of ~1 s."""
 
     lease_ttl_s: float = 10.0
-    """Seconds without renewal after which this learner, or the syncer on it, counts as dead.
-    Size it at several times ``poll_interval_s`` plus the store's worst latency."""
+    """Seconds without renewal after which a learner, or the syncer, counts as dead. A run's
+    first learner records it in the manifest; every node then uses the run's value. Size it at
+    several times ``poll_interval_s`` plus the store's worst latency."""
     poll_interval_s: float = 0.2
     """Seconds between two passes of the background exchange and of the syncer."""
     run_syncer: bool = True
@@ -63,6 +65,34 @@ class SessionOptions:
             raise InvalidConfig("step_time_smoothing", "must be in (0, 1]")
         if self.lease_ttl_s < 2 * self.poll_interval_s:
             raise InvalidConfig("lease_ttl_s", f"must be at least twice poll_interval_s ({self.poll_interval_s})")
+
+
+class SyncerWatch:
+    """Whether any node still holds a live syncer lease: what a closing learner waits on.
+
+    ``gone()`` is True once the lease has been absent, unreadable, released or expired (the
+    run's TTL on this clock) for one more TTL — time for a new syncer to take over. Reads the
+    lease at most once per poll interval."""
+
+    def __init__(self, store: RunStore, ttl_s: float, poll_interval_s: float) -> None:
+        self._store = store
+        self._observer = LeaseObserver(ttl_s)
+        self._ttl_s = ttl_s
+        self._poll_interval_s = poll_interval_s
+        self._checked_at = float("-inf")
+        self._gone_since: float | None = None
+
+    def gone(self) -> bool:
+        now = time.monotonic()
+        if now - self._checked_at >= self._poll_interval_s:
+            self._checked_at = now
+            try:
+                found = self._store.read_lease(keys.SYNCER_LEASE)
+            except GradientMailError:
+                return False  # the store hiccuped: no evidence either way
+            dead = found is None or self._observer.expired(keys.SYNCER_LEASE, found)
+            self._gone_since = (self._gone_since or now) if dead else None
+        return self._gone_since is not None and now - self._gone_since >= self._ttl_s
 
 
 @dataclass
@@ -137,6 +167,9 @@ class Session:
     ``model`` is a ``torch.nn.Module``, an ``mlx.nn.Module`` or a mapping of NumPy arrays;
     ``backend`` overrides the framework guess. ``mailbox`` is a mailbox or its URL; a mailbox
     opened here from a URL is closed when the session closes, one passed in stays the caller's.
+    ``run_key`` (a secret string or :class:`~gradientmail.records.auth.RunKey`) signs and checks
+    every record (docs/security.md); every node of a run needs the same one. ``retention`` is
+    the storage policy a new run is created with (a joiner uses the run's).
     """
 
     def __init__(
@@ -148,6 +181,8 @@ class Session:
         learner_id: str | None = None,
         backend: str | Backend | None = None,
         options: SessionOptions | None = None,
+        run_key: str | RunKey | None = None,
+        retention: Retention | None = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm if algorithm is not None else DiLoCo()
@@ -159,10 +194,14 @@ class Session:
             raise InvalidConfig("learner_id", str(exc)) from None
         self.backend: Backend = get_backend(backend) if isinstance(backend, str) else backend or backend_for(model)
         self.options = options or SessionOptions()
+        if retention is not None and not isinstance(retention, Retention):
+            raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
+        self.retention = retention or Retention()
+        key = run_key if isinstance(run_key, RunKey) or run_key is None else RunKey(run_key)
         self.stats = SessionStats()
         self._owns_mailbox = isinstance(mailbox, str)
         self._mailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
-        self._store = RunStore(self._mailbox)
+        self._store = RunStore(self._mailbox, key)
         self._changed = threading.Condition()
         self._attention = False
         self._last_step_at: float | None = None
@@ -179,7 +218,8 @@ class Session:
 
     def open(self) -> None:
         """Join the run, load its newest committed parameters, start the background work."""
-        spec, created = join_run(self._store, self.backend, self.model, self.algorithm, self.learner_id)
+        proposal = RunProposal(self.algorithm, lease_ttl_s=self.options.lease_ttl_s, retention=self.retention)
+        spec, created = join_run(self._store, self.backend, self.model, proposal, self.learner_id)
         log.info("%s %s the run (%d fragments)", self.learner_id, "created" if created else "joined", len(spec.fragments))
         fragments = []
         for fragment, names in enumerate(spec.fragments):
@@ -196,7 +236,7 @@ class Session:
             spec,
             self.learner_id,
             list(self.stats.versions),
-            lease_ttl_s=self.options.lease_ttl_s,
+            lease_ttl_s=spec.lease_ttl_s,
             poll_interval_s=self.options.poll_interval_s,
             on_change=self._notify,
             lease_info=self._lease_info,
@@ -211,7 +251,6 @@ class Session:
                 syncer_backend,
                 spec,
                 self.learner_id,
-                lease_ttl_s=self.options.lease_ttl_s,
                 poll_interval_s=self.options.poll_interval_s,
             )
         for index, state in enumerate(fragments):
@@ -383,10 +422,13 @@ class Session:
         state.half_period_pending = False
         self.stats.contributions += 1
 
-    def _wait_for_commit(self, run: _Running, fragment: int, base_version: int) -> bool:
-        """Block until a version newer than ``base_version`` is aligned; False on timeout."""
+    def _wait_for_commit(
+        self, run: _Running, fragment: int, base_version: int, deadline: float | None = None, watch: SyncerWatch | None = None
+    ) -> bool:
+        """Block until a version newer than ``base_version`` is aligned; False on timeout, or
+        when ``watch`` finds no live syncer to commit it."""
         started = time.perf_counter()
-        deadline = time.monotonic() + self.options.commit_timeout_s
+        deadline = time.monotonic() + self.options.commit_timeout_s if deadline is None else deadline
         state = run.fragments[fragment]
         with self._changed:
             while state.anchor_version <= base_version:
@@ -394,13 +436,14 @@ class Session:
                 if state.anchor_version > base_version:
                     break
                 remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                gone = watch is not None and watch.gone()
+                if remaining <= 0 or gone:
                     log.warning(
-                        "%s: no commit of fragment %d after version %d within %.0f s; continuing",
+                        "%s: no commit of fragment %d after version %d %s; continuing",
                         self.learner_id,
                         fragment,
                         base_version,
-                        self.options.commit_timeout_s,
+                        "and no live syncer to make it" if gone else f"within {self.options.commit_timeout_s:.0f} s",
                     )
                     state.published_step = None
                     break
@@ -412,8 +455,10 @@ class Session:
     def close(self, wait: bool = True) -> None:
         """Finish: wait for rounds in flight, optionally flush, set the model to the newest commit.
 
-        Waits for this learner's own rounds (up to ``commit_timeout_s`` each) and, up to
-        ``lease_ttl_s``, for rounds other learners have open on the same versions.
+        Waits for this learner's own rounds (up to ``commit_timeout_s`` in all, and no longer
+        than a live syncer exists to commit them: a syncer lease absent, unreadable or expired
+        for a further TTL ends the wait) and, up to the run's lease TTL, for rounds other
+        learners have open on the same versions.
         With ``wait=False`` (an exception left the ``with`` block) only the threads stop.
         A mailbox the session opened from a URL is closed.
         """
@@ -438,13 +483,15 @@ class Session:
         """Wait for the rounds our contributions are in; with ``flush_on_close`` publish the
         unmerged work first, and while carrying, again if a round closed without it."""
         attempts = _FLUSH_ATTEMPTS if self.algorithm.flush_on_close and self.algorithm.carry_unmerged else 1
+        deadline = time.monotonic() + self.options.commit_timeout_s
+        watch = SyncerWatch(self._store, run.spec.lease_ttl_s, self.options.poll_interval_s)
         for _ in range(attempts):
             if self.algorithm.flush_on_close:
                 for fragment in range(len(run.fragments)):
                     self._publish(run, fragment, final=True)
             for fragment, state in enumerate(run.fragments):
                 if state.published_step is not None:
-                    self._wait_for_commit(run, fragment, state.anchor_version)
+                    self._wait_for_commit(run, fragment, state.anchor_version, deadline, watch)
             if all(state.align_step == self.stats.steps for state in run.fragments):
                 return
 
@@ -463,7 +510,7 @@ class Session:
     def _wait_for_open_rounds(self, run: _Running) -> None:
         """Give rounds other learners have open on our newest versions a lease TTL to commit,
         so learners that stop together end on the same newest version."""
-        deadline = time.monotonic() + self.options.lease_ttl_s
+        deadline = time.monotonic() + run.spec.lease_ttl_s
         for fragment, state in enumerate(run.fragments):
             while time.monotonic() < deadline:
                 newest = self._store.newest_version(fragment, known=state.anchor_version) or 0

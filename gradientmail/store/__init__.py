@@ -1,13 +1,26 @@
 """The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
 from gradientmail.store.leases import LearnerLease, LeaseObserver, live_learners
-from gradientmail.store.run_store import Arrays, CommittedVersion, ContributionCounts, RunStore, check_tensors, sha256_hex
+from gradientmail.store.retention import Retention
+from gradientmail.store.run_store import (
+    Arrays,
+    CommittedVersion,
+    ContributionCounts,
+    LeaseRead,
+    RunStore,
+    StoredRound,
+    check_tensors,
+    sha256_hex,
+)
 from gradientmail.store.spec import RunSpec, TensorShape
 
 __all__ = [
     "Arrays",
     "CommittedVersion",
     "ContributionCounts",
+    "LeaseRead",
+    "Retention",
+    "StoredRound",
     "RunSpec",
     "RunStore",
     "TensorShape",

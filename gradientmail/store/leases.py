@@ -2,8 +2,10 @@
 
 Machines' wall clocks are never compared. A holder renews by writing a new ``sequence``;
 an observer remembers when it first saw each version token of a lease and calls the lease
-expired once that token has stayed unchanged for ``ttl_s`` seconds of *its* time (or the
-holder released it). A new observer therefore waits a full TTL before calling a lease dead.
+expired once that token has stayed unchanged for the run's TTL (the manifest's, never the
+TTL a lease claims for itself) on *its* clock, or the holder released it. A new observer
+therefore waits a full TTL before calling a lease dead. A lease that does not parse or does
+not verify under the run key is expired at once: nobody honest wrote it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gradientmail.records import Lease, keys
-from gradientmail.store.run_store import RunStore
+from gradientmail.store.run_store import LeaseRead, RunStore
 
 __all__ = ["Clock", "LeaseObserver", "LearnerLease", "live_learners"]
 
@@ -29,17 +31,21 @@ class _Sighting:
 class LeaseObserver:
     """Remembers when each lease last changed, on this node's clock."""
 
-    def __init__(self, clock: Clock = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Clock = time.monotonic) -> None:
+        self.ttl_s = ttl_s
         self._clock = clock
         self._sightings: dict[str, _Sighting] = {}
 
-    def expired(self, key: str, lease: Lease, token: str) -> bool:
+    def expired(self, key: str, found: LeaseRead) -> bool:
+        """Whether the lease at ``key`` is dead: released, unreadable, or unchanged for a TTL."""
+        if found.lease is None:
+            return True
         now = self._clock()
         sighting = self._sightings.get(key)
-        if sighting is None or sighting.token != token:
-            self._sightings[key] = _Sighting(token, now)
-            return lease.released
-        return lease.released or now - sighting.first_seen >= lease.ttl_s
+        if sighting is None or sighting.token != found.token:
+            self._sightings[key] = _Sighting(found.token, now)
+            return found.lease.released
+        return found.lease.released or now - sighting.first_seen >= self.ttl_s
 
     def unchanged_for(self, key: str) -> float:
         sighting = self._sightings.get(key)
@@ -50,11 +56,11 @@ def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
     """Learners whose lease has not expired in ``observer``'s judgement."""
     live: dict[str, Lease] = {}
     for key in store.learner_lease_keys():
-        found = store.read_lease(key)
-        if found is None:
+        found = store.read_lease(key, need_token=False)
+        if found is None or found.lease is None:
             continue
-        lease, token = found
-        if lease.kind == "learner" and not observer.expired(key, lease, token):
+        lease = found.lease
+        if lease.kind == "learner" and key == keys.learner_lease(lease.holder) and not observer.expired(key, found):
             live[lease.holder] = lease
     return live
 

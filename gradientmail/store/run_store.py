@@ -11,31 +11,57 @@ not own the mailbox: whoever opened the mailbox closes it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import payload
-from gradientmail.errors import CorruptPayload, GradientMailError, IncompatiblePayload, InvalidRecord, KeyNotFound, RecordExists
+from gradientmail.errors import (
+    CorruptPayload,
+    GradientMailError,
+    IncompatiblePayload,
+    InvalidRecord,
+    KeyNotFound,
+    MailboxError,
+    ObjectTooLarge,
+    RecordExists,
+)
 from gradientmail.mailbox import Mailbox
 from gradientmail.records import (
     Contribution,
+    Head,
     Lease,
     Manifest,
     Participant,
     PayloadRef,
     Realignment,
+    Record,
     Rejection,
     RoundRecord,
     RoundTiming,
     keys,
 )
+from gradientmail.records.auth import RunKey
 from gradientmail.store.spec import RunSpec, TensorShape
 
-__all__ = ["Arrays", "CommittedVersion", "ContributionCounts", "RunStore", "check_tensors", "sha256_hex"]
+__all__ = [
+    "Arrays",
+    "CommittedVersion",
+    "ContributionCounts",
+    "LeaseRead",
+    "RunStore",
+    "StoredRound",
+    "check_tensors",
+    "sha256_hex",
+]
+
+log = logging.getLogger(__name__)
+RecordT = TypeVar("RecordT", bound=Record)
 
 Arrays = dict[str, np.ndarray]
 """Named host arrays: what crosses the store's boundary in both directions."""
@@ -46,12 +72,32 @@ def sha256_hex(data: bytes) -> str:
 
 
 @dataclass(frozen=True)
+class StoredRound:
+    """A round record as stored: the record and the sha256 of its bytes (the next link of the chain)."""
+
+    record: RoundRecord
+    sha256: str
+
+
+@dataclass(frozen=True)
 class CommittedVersion:
     """A committed version of a fragment, verified: its record, parameters and outer state."""
 
     record: RoundRecord
     params: Arrays
     outer_state: Arrays
+    record_sha256: str = ""
+    """sha256 of the record's stored bytes: what the next version's ``previous`` names."""
+
+
+@dataclass(frozen=True)
+class LeaseRead:
+    """A lease as found: ``lease`` is None when its bytes are not a valid (or not a signed)
+    lease; such a lease counts as expired and is replaced by compare-and-swap on ``token``."""
+
+    lease: Lease | None
+    token: str
+    problem: str = ""
 
 
 @dataclass(frozen=True)
@@ -67,22 +113,58 @@ class ContributionCounts:
 
 
 class RunStore:
-    """One run's records, blobs and leases, verified on the way in and out."""
+    """One run's records, blobs and leases, verified on the way in and out.
 
-    def __init__(self, mailbox: Mailbox) -> None:
+    With a run key every record written is signed and every record read must verify
+    (``Unauthenticated`` otherwise); without one, records are neither signed nor checked.
+    Every read fetches at most what the thing read may legitimately weigh (size before bytes).
+    """
+
+    def __init__(self, mailbox: Mailbox, key: RunKey | None = None) -> None:
         self._mailbox = mailbox
+        self._key = key
 
     @property
     def url(self) -> str:
         """The mailbox's URL (never holds secrets), for messages."""
         return self._mailbox.url
 
-    # -- manifest ------------------------------------------------------------------
-    def read_manifest(self) -> Manifest | None:
+    @property
+    def key(self) -> RunKey | None:
+        """The run key records are signed and checked with (None: an unsigned run)."""
+        return self._key
+
+    # -- records -------------------------------------------------------------------
+    def _encode(self, location: str, record: Record) -> bytes:
+        return (self._key.sign(location, record) if self._key is not None else record).to_json()
+
+    def _read_record(self, cls: type[RecordT], location: str) -> tuple[RecordT, bytes]:
+        """Fetch (at most ``cls.max_bytes``), parse and, with a key, verify a record.
+
+        Raises ``KeyNotFound``, ``InvalidRecord`` (``Unauthenticated`` for a bad MAC).
+        """
         try:
-            return Manifest.from_json(self._mailbox.get(keys.MANIFEST))
+            data = self._mailbox.get(location, max_bytes=cls.max_bytes)
+        except ObjectTooLarge as exc:
+            raise InvalidRecord(f"{cls.record_type} record at {location}: {exc}") from None
+        return self._parse(cls, location, data), data
+
+    def _parse(self, cls: type[RecordT], location: str, data: bytes) -> RecordT:
+        record = cls.from_json(data)
+        return self._key.verify(location, record) if self._key is not None else record
+
+    # -- manifest ------------------------------------------------------------------
+    def read_manifest(self, *, verify: bool = True) -> Manifest | None:
+        """The run's manifest, None if there is none. ``verify=False`` skips the MAC check (to
+        say which key a run wants when ours does not verify it); never act on such a read."""
+        try:
+            if verify:
+                return self._read_record(Manifest, keys.MANIFEST)[0]
+            return Manifest.from_json(self._mailbox.get(keys.MANIFEST, max_bytes=Manifest.max_bytes))
         except KeyNotFound:
             return None
+        except ObjectTooLarge as exc:
+            raise InvalidRecord(f"manifest: {exc}") from None
 
     def read_spec(self) -> RunSpec:
         """The run's view of itself. Raises ``GradientMailError`` when there is no run here."""
@@ -91,16 +173,13 @@ class RunStore:
             raise GradientMailError(f"no run at {self.url}: {keys.MANIFEST} is missing")
         return RunSpec.from_manifest(manifest)
 
-    def create_manifest(self, manifest: Manifest) -> tuple[Manifest, bool]:
-        """Create the manifest once; returns the run's manifest and whether we created it."""
+    def create_manifest(self, manifest: Manifest) -> bool:
+        """Create the manifest once; False when another node created the run first."""
         try:
-            self._mailbox.create(keys.MANIFEST, manifest.to_json())
-            return manifest, True
+            self._mailbox.create(keys.MANIFEST, self._encode(keys.MANIFEST, manifest))
+            return True
         except RecordExists:
-            existing = self.read_manifest()
-            if existing is None:  # create-once objects are never deleted
-                raise GradientMailError(f"{keys.MANIFEST} exists but cannot be read") from None
-            return existing, False
+            return False
 
     # -- committed versions --------------------------------------------------------
     def committed_versions(self, fragment: int) -> list[int]:
@@ -110,27 +189,54 @@ class RunStore:
 
     def newest_version(self, fragment: int, known: int | None = None) -> int | None:
         """The newest committed version. From a known version, probes forward with HEADs
-        (cheap, the common case); without one, lists the fragment's round records."""
+        (cheap, the common case); without one, starts from the fragment's head pointer when
+        it is valid and its record exists, else from a listing of the round records (which
+        retention keeps short). Either way the answer is confirmed by probing forward."""
         if known is None:
-            versions = self.committed_versions(fragment)
-            return versions[-1] if versions else None
+            head = self.read_head(fragment)
+            if head is not None and self._mailbox.exists(keys.round_record(fragment, head.version)):
+                known = head.version
+            else:
+                versions = self.committed_versions(fragment)
+                if not versions:
+                    return None
+                known = versions[-1]
         version = known
         while self._mailbox.exists(keys.round_record(fragment, version + 1)):
             version += 1
         return version
 
+    def read_head(self, fragment: int) -> Head | None:
+        """The fragment's head pointer, or None when absent, invalid or unauthenticated."""
+        location = keys.head(fragment)
+        try:
+            head = self._read_record(Head, location)[0]
+        except KeyNotFound:
+            return None
+        except InvalidRecord as exc:
+            log.warning("ignoring the head pointer of fragment %d: %s", fragment, exc)
+            return None
+        return head if head.fragment == fragment else None
+
     def read_round(self, fragment: int, version: int) -> RoundRecord:
-        record = RoundRecord.from_json(self._mailbox.get(keys.round_record(fragment, version)))
+        return self.read_stored_round(fragment, version).record
+
+    def read_stored_round(self, fragment: int, version: int) -> StoredRound:
+        """A round record with the sha256 of its stored bytes; ``CorruptPayload`` when the record
+        names another fragment or version than its key (a copied record: a rollback attempt)."""
+        location = keys.round_record(fragment, version)
+        record, data = self._read_record(RoundRecord, location)
         if record.fragment != fragment or record.version != version:
             raise CorruptPayload(
                 f"round record at fragment {fragment} version {version} names {record.fragment}/{record.version}"
             )
-        return record
+        return StoredRound(record, sha256_hex(data))
 
     def load_version(self, spec: RunSpec, fragment: int, version: int) -> CommittedVersion:
         """A committed version's record, parameters and outer state, verified."""
-        record = self.read_round(fragment, version)
-        return CommittedVersion(record, self.read_params(spec, record), self.read_tensors(record.outer_state))
+        stored = self.read_stored_round(fragment, version)
+        record = stored.record
+        return CommittedVersion(record, self.read_params(spec, record), self.read_tensors(record.outer_state), stored.sha256)
 
     def read_params(self, spec: RunSpec, record: RoundRecord) -> Arrays:
         """The parameters a round record commits, verified (what a learner aligns with)."""
@@ -151,12 +257,17 @@ class RunStore:
         rejected: tuple[Rejection, ...] = (),
         final: bool = False,
         timing: RoundTiming | None = None,
-    ) -> RoundRecord | None:
-        """Write a version's blobs under keys unique to this attempt, then create its record.
+        previous: str | None = None,
+        samples_per_step_cap: float | None = None,
+        backend: str | None = None,
+    ) -> StoredRound | None:
+        """Write a version's blobs under keys unique to this attempt, then create its record,
+        then point the fragment's head at it.
 
         The blobs are immutable and written *before* the record (INV-1), so a record never
         points at missing bytes and a writer that loses the race overwrites nothing.
-        Returns the record, or None if another writer committed this version first.
+        ``previous`` is the sha256 of version − 1's record (the hash chain, INV-11).
+        Returns the stored record, or None if another writer committed this version first.
         """
         attempt = uuid.uuid4().hex[:12]
         params_ref = self._write_tensors(keys.params_blob(fragment, version, committed_by, attempt), params)
@@ -176,14 +287,32 @@ class RunStore:
             committed_by=committed_by,
             term=term,
             timing=timing or RoundTiming(),
+            previous=previous,
+            samples_per_step_cap=samples_per_step_cap,
+            backend=backend,
         )
+        location = keys.round_record(fragment, version)
+        data = self._encode(location, record)
         try:
-            self._mailbox.create(keys.round_record(fragment, version), record.to_json())
-            return record
+            self._mailbox.create(location, data)
         except RecordExists:
             for orphan in (params_ref.key, state_ref.key):  # never referenced by any record
                 self._mailbox.delete(orphan)
             return None
+        stored = StoredRound(self._parse(RoundRecord, location, data), sha256_hex(data))
+        self.write_head(fragment, version, stored.sha256)
+        return stored
+
+    def write_head(self, fragment: int, version: int, record_sha256: str) -> None:
+        """Point the fragment's head at ``version``. Best effort: the head is a hint, readers
+        probe past it, so a failed write is logged and left for the next commit."""
+        location = keys.head(fragment)
+        try:
+            self._mailbox.put(
+                location, self._encode(location, Head(fragment=fragment, version=version, record_sha256=record_sha256))
+            )
+        except MailboxError as exc:
+            log.warning("could not update the head pointer of fragment %d: %s", fragment, exc)
 
     # -- contributions: the learner's side ------------------------------------------
     def publish_contribution(
@@ -222,7 +351,7 @@ class RunStore:
             realigned=counts.realigned,
         )
         try:
-            self._mailbox.create(key.record, contribution.to_json())
+            self._mailbox.create(key.record, self._encode(key.record, contribution))
         except RecordExists:  # another process uses our learner id: refuse to guess
             raise GradientMailError(f"contribution {key.record} already exists: is learner id {learner!r} used twice?") from None
         return key, len(data)
@@ -241,8 +370,9 @@ class RunStore:
         return [parsed for parsed in listed if parsed is not None and parsed.fragment == fragment]
 
     def read_contribution(self, key: keys.ContributionKey) -> Contribution:
-        """The contribution record. Raises ``InvalidRecord`` when it does not parse."""
-        return Contribution.from_json(self._mailbox.get(key.record))
+        """The contribution record. Raises ``InvalidRecord`` when it does not parse, or is too
+        large, and ``Unauthenticated`` when it does not verify under the run key."""
+        return self._read_record(Contribution, key.record)[0]
 
     def read_delta(self, spec: RunSpec, contribution: Contribution) -> Arrays:
         """The contribution's delta, verified against the record and the run's delta shapes."""
@@ -260,8 +390,12 @@ class RunStore:
         return PayloadRef(key=key, sha256=sha256_hex(data), size_bytes=len(data))
 
     def read_blob(self, ref: PayloadRef) -> bytes:
-        """A referenced blob's bytes, after checking its size and checksum (``CorruptPayload``)."""
-        data = self._mailbox.get(ref.key)
+        """A referenced blob's bytes, after checking its size and checksum (``CorruptPayload``).
+        No more than the record's ``size_bytes`` is fetched from a larger object."""
+        try:
+            data = self._mailbox.get(ref.key, max_bytes=ref.size_bytes)
+        except ObjectTooLarge as exc:
+            raise CorruptPayload(f"{ref.key}: larger than the {ref.size_bytes} bytes its record says ({exc})") from None
         if len(data) != ref.size_bytes:
             raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
         if sha256_hex(data) != ref.sha256:
@@ -280,31 +414,67 @@ class RunStore:
         return tensors
 
     # -- leases --------------------------------------------------------------------
-    def read_lease(self, key: str) -> tuple[Lease, str] | None:
-        """The lease and its version token, or None if absent or unreadable."""
+    def read_lease(self, key: str, *, need_token: bool = True) -> LeaseRead | None:
+        """The lease and its version token; None if absent. A lease that is too large, does
+        not parse or does not verify comes back with ``lease=None`` and the problem.
+
+        Of an oversized lease only the syncer's needs its token (to be replaced by
+        compare-and-swap); ``need_token=False`` skips that HEAD, which a directory store pays
+        for by hashing the file."""
         try:
-            data, token = self._mailbox.get_versioned(key)
+            data, token = self._mailbox.get_versioned(key, max_bytes=Lease.max_bytes)
         except KeyNotFound:
             return None
+        except ObjectTooLarge as exc:
+            if not need_token:
+                return LeaseRead(None, "", str(exc))
+            info = self._mailbox.head(key)
+            return None if info is None else LeaseRead(None, info.token, str(exc))
         try:
-            return Lease.from_json(data), token
-        except InvalidRecord:
-            return None
+            return LeaseRead(self._parse(Lease, key, data), token)
+        except InvalidRecord as exc:
+            return LeaseRead(None, token, str(exc))
 
     def learner_lease_keys(self) -> list[str]:
         return self._mailbox.list(keys.LEARNER_LEASES)
 
     def put_lease(self, key: str, lease: Lease) -> str:
         """Write a lease unconditionally (a learner's own); returns its token."""
-        return self._mailbox.put(key, lease.to_json())
+        return self._mailbox.put(key, self._encode(key, lease))
 
     def create_lease(self, key: str, lease: Lease) -> str:
         """Create a lease once; raises ``RecordExists`` when someone holds it already."""
-        return self._mailbox.create(key, lease.to_json())
+        return self._mailbox.create(key, self._encode(key, lease))
 
     def swap_lease(self, key: str, lease: Lease, expected_token: str) -> str:
         """Replace a lease by compare-and-swap; raises ``VersionConflict`` or ``KeyNotFound``."""
-        return self._mailbox.swap(key, lease.to_json(), expected_token)
+        return self._mailbox.swap(key, self._encode(key, lease), expected_token)
+
+    # -- retention -----------------------------------------------------------------
+    def version_blobs(self, fragment: int) -> dict[int, list[str]]:
+        """Every blob under the fragment's ``versions/``, by version (one LIST)."""
+        found: dict[int, list[str]] = {}
+        for key in self._mailbox.list(keys.versions_prefix(fragment)):
+            parsed = keys.parse_version_blob(key)
+            if parsed is not None and parsed.fragment == fragment:
+                found.setdefault(parsed.version, []).append(key)
+        return found
+
+    def contribution_objects_below(self, fragment: int, base_version: int) -> list[str]:
+        """Every contribution record and blob (orphan blobs too) based on a version older than
+        ``base_version`` (one LIST)."""
+        root = keys.contributions_root(fragment)
+        found = []
+        for key in self._mailbox.list(root):
+            base = key[len(root) :].split("/", 1)[0]
+            if base.isdigit() and int(base) < base_version:
+                found.append(key)
+        return found
+
+    def delete_keys(self, doomed: list[str]) -> None:
+        """Delete objects retention gave up (blobs before the record that references them)."""
+        for key in sorted(doomed, key=lambda k: k.endswith(".json")):
+            self._mailbox.delete(key)
 
 
 def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, TensorShape], where: str) -> None:

@@ -12,8 +12,12 @@ from dataclasses import dataclass
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends.payload import numpy_dtype
 from gradientmail.records import Manifest, ParameterSpec
+from gradientmail.store.retention import Retention
 
-__all__ = ["PAYLOAD_HEADER_SLACK", "RunSpec", "TensorShape"]
+__all__ = ["DEFAULT_LEASE_TTL_S", "PAYLOAD_HEADER_SLACK", "RunSpec", "TensorShape"]
+
+DEFAULT_LEASE_TTL_S = 10.0
+"""The lease TTL of a run whose manifest does not record one."""
 
 PAYLOAD_HEADER_SLACK = 1 << 20
 """Bytes allowed above the raw tensor bytes for a Safetensors header."""
@@ -36,6 +40,9 @@ class RunSpec:
     algorithm: DiLoCo
     fragments: tuple[tuple[str, ...], ...]
     parameters: Mapping[str, ParameterSpec]
+    retention: Retention
+    lease_ttl_s: float
+    """Every node judges every lease by this TTL (the manifest's), never by the lease's own."""
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> RunSpec:
@@ -44,7 +51,17 @@ class RunSpec:
             algorithm=DiLoCo.from_manifest(manifest.algorithm),
             fragments=manifest.plan,
             parameters={p.name: p for p in manifest.parameters},
+            retention=Retention.from_manifest(manifest.retention) if manifest.retention is not None else Retention(),
+            lease_ttl_s=manifest.lease_ttl_s if manifest.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S,
         )
+
+    @property
+    def max_contribution_steps(self) -> int:
+        """The most steps an honest contribution can hold: the default carry limit (4·H; the
+        manifest's ``max_carried_steps`` if larger) plus four periods of training before the next
+        publish. Beyond it the counts are invented: rejected as ``invalid_counts``."""
+        every = self.algorithm.sync_every
+        return max(self.algorithm.carry_limit_steps, 4 * every) + 4 * every
 
     def dtype(self, name: str) -> str:
         """The stored dtype of parameter ``name``."""

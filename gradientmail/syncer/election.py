@@ -2,9 +2,12 @@
 
 ``leases/syncer.json`` holds the holder and a term. The holder renews it by CAS every
 ``ttl_s / 3``; every other node watches its version token on its own monotonic clock and,
-once it has stayed unchanged for ``ttl_s`` (or was released), tries to take over with
-``term + 1`` by CAS. Exactly one CAS wins. Safety does not rest on the election (commits
-are create-once); it only keeps one node doing the work.
+once it has stayed unchanged for ``ttl_s`` — the run's TTL from the manifest, whatever the
+lease claims — (or was released), tries to take over with ``term + 1`` by CAS. A lease that
+does not parse or does not verify under the run key is expired at once and replaced the same
+way, so garbage in the lease cannot stop commits. Exactly one CAS wins. Safety does not rest
+on the election (commits are create-once); it only keeps one node doing the work. The
+syncer runtime polls the election on a thread of its own, so renewals never wait for transfers.
 
 | action | outcome | reaction |
 |---|---|---|
@@ -14,6 +17,7 @@ are create-once); it only keeps one node doing the work.
 | renew | ``VersionConflict`` / ``KeyNotFound`` | we were deposed: stop closing rounds |
 | take over (CAS with the watched token) | new token | we hold term + 1 |
 | take over | ``VersionConflict`` | another node won; watch the new holder |
+| read: unreadable or unauthenticated lease | — | take over at once by CAS on its token |
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ class Election:
         self.node_id = node_id
         self.ttl_s = ttl_s
         self._clock = clock
-        self._observer = LeaseObserver(clock)
+        self._observer = LeaseObserver(ttl_s, clock)
         self._token: str | None = None  # our lease's token while we hold it
         self._renewed_at = 0.0
         self._sequence = 0
@@ -51,10 +55,16 @@ class Election:
         self.leases_expired = 0
         """Syncer leases this node saw expire unreleased (a dead or cut-off holder), for telemetry."""
         self._expired_token: str | None = None
+        self._unreadable_token: str | None = None
 
     @property
     def is_leader(self) -> bool:
         return self._token is not None
+
+    def holds_for(self, seconds: float) -> bool:
+        """Whether this node holds the lease and will for at least ``seconds`` more, even if no
+        renewal lands meanwhile (checked before committing, so a cut-off holder stops early)."""
+        return self._token is not None and self._clock() - self._renewed_at + seconds < self.ttl_s
 
     def poll(self) -> bool:
         """Renew, watch or take over as due; return whether this node now holds the lease."""
@@ -69,12 +79,18 @@ class Election:
         if found is None:
             self._create()
             return self.is_leader
-        lease, token = found
+        lease, token = found.lease, found.token
+        if lease is None:
+            if token != self._unreadable_token:
+                self._unreadable_token = token
+                log.warning("node %s: the syncer lease is unusable (%s); replacing it", self.node_id, found.problem)
+            self._swap(token, self.term + 1, takeover=True)
+            return self.is_leader
         self.holder, self.term = lease.holder, lease.term
         if lease.holder == self.node_id and not lease.released:
             # our own lease from an earlier incarnation: take it back with a new term
             self._swap(token, lease.term + 1, takeover=False)
-        elif self._observer.expired(keys.SYNCER_LEASE, lease, token):
+        elif self._observer.expired(keys.SYNCER_LEASE, found):
             if not lease.released and token != self._expired_token:
                 self._expired_token = token
                 self.leases_expired += 1

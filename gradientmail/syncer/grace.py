@@ -14,14 +14,22 @@ as long as the learners have slack to spare:
 * τ (``grace_tau``, default 2) — learner steps a round may take, the overlap the learners
   train through; γ (``grace_gamma``, default 0.2) — the share of the remaining slack spent.
 
-The window only spends slack that exists, so no learner is made to wait by it.
+The window only spends slack that exists, so no learner is made to wait by it. Reported
+step times are clamped before they count (INV-12): to ``grace_max_s / τ`` (a longer step
+time could only pin the window at its cap) and, once an estimate exists, to
+``STEP_TIME_GROWTH`` × that estimate, so one learner reporting 10³⁰⁸ s moves the estimate by a
+bounded factor per round instead of pinning every later window at ``grace_max_s``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+STEP_TIME_GROWTH = 2.0
+"""Most a reported step time may exceed the current estimate by before it counts."""
 
 
 @dataclass
@@ -34,7 +42,10 @@ class GraceEstimator:
     sync_s: float = 0.0
 
     def observe_step_times(self, reported: Iterable[float | None]) -> None:
-        values = [v for v in reported if v is not None and v > 0]
+        ceiling = self.max_s / self.tau if self.tau > 0 else self.max_s
+        if self.step_time_s is not None:
+            ceiling = min(ceiling, STEP_TIME_GROWTH * self.step_time_s)
+        values = [min(v, ceiling) for v in reported if v is not None and math.isfinite(v) and v > 0]
         if values:
             self.step_time_s = self._smooth(self.step_time_s, statistics.median(values))
 

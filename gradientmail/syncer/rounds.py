@@ -3,13 +3,15 @@
 ``validate`` decides acceptance of a single contribution; ``apply_round`` (``merge_round``
 then ``outer_step``) is the pure merge-and-step both the live syncer (which times the two
 halves apart) and ``replay_round`` use, so a replay reproduces the committed bytes exactly
-(protocol invariant 4).
+(protocol invariant 4). ``validate`` trusts nothing it reads: whatever goes wrong inside it
+becomes a rejection with a reason, never an exception (INV-7).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from gradientmail.algorithms.merge import merge_from_manifest, merge_tensors, staleness_discount, weight
 from gradientmail.algorithms.outer import OuterState
@@ -21,11 +23,23 @@ from gradientmail.errors import (
     IncompatiblePayload,
     InvalidRecord,
     MailboxError,
+    Unauthenticated,
 )
 from gradientmail.records import Contribution, Rejection, RejectionReason, keys
 from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore
 
-__all__ = ["Accepted", "Base", "apply_round", "load_base", "merge_round", "outer_step", "replay_round", "validate"]
+__all__ = [
+    "Accepted",
+    "Base",
+    "all_finite",
+    "apply_round",
+    "capped_weights",
+    "load_base",
+    "merge_round",
+    "outer_step",
+    "replay_round",
+    "validate",
+]
 
 
 @dataclass(frozen=True)
@@ -51,25 +65,77 @@ class Accepted:
     delta: dict[str, Tensor]
     weight: float
     staleness: int = 0
+    norm: float = 0.0
+    """L2 norm of the whole delta (every tensor of the fragment)."""
 
 
 def validate(
-    store: RunStore, backend: Backend, spec: RunSpec, base_version: int, key: keys.ContributionKey
+    store: RunStore,
+    backend: Backend,
+    spec: RunSpec,
+    base_version: int,
+    key: keys.ContributionKey,
+    norm_limit: NormLimit | None = None,
 ) -> Accepted | Rejection:
-    """Accept a contribution for ``base_version`` or say why not (the reason codes of the protocol)."""
+    """Accept a contribution for ``base_version`` or say why not (the reason codes of the protocol).
 
+    ``norm_limit(steps)`` is the largest delta norm accepted (``outlier`` beyond it; None:
+    no bound). Only a retryable mailbox error escapes; anything else that goes wrong is a
+    rejection (``malformed`` when nothing more specific applies).
+    """
+    try:
+        return _validate(store, backend, spec, base_version, key, norm_limit)
+    except MailboxError as exc:
+        if exc.retryable:
+            raise
+        return _reject(key, "corrupt", f"unreadable: {exc}")
+    except Exception as exc:  # hostile input must become a reason, whatever it breaks
+        return _reject(key, "malformed", f"{type(exc).__name__}: {exc}")
+
+
+NormLimit = Callable[[int], "float | None"]
+
+
+def _reject(key: keys.ContributionKey, reason: RejectionReason, detail: str) -> Rejection:
+    return Rejection(learner=key.learner, contribution=key.record, reason=reason, detail=detail[:500])
+
+
+def _validate(
+    store: RunStore,
+    backend: Backend,
+    spec: RunSpec,
+    base_version: int,
+    key: keys.ContributionKey,
+    norm_limit: NormLimit | None,
+) -> Accepted | Rejection:
     def reject(reason: RejectionReason, detail: str) -> Rejection:
-        return Rejection(learner=key.learner, contribution=key.record, reason=reason, detail=detail[:500])
+        return _reject(key, reason, detail)
 
     try:
         contribution = store.read_contribution(key)
+    except Unauthenticated as exc:
+        return reject("unauthenticated", str(exc))
     except InvalidRecord as exc:
         return reject("malformed", str(exc))
-    if contribution.learner != key.learner or contribution.fragment != key.fragment:
-        return reject("malformed", f"record names learner {contribution.learner!r} fragment {contribution.fragment}")
+    if (contribution.learner, contribution.fragment, contribution.anchor_version) != (
+        key.learner,
+        key.fragment,
+        key.base_version,
+    ):
+        return reject(
+            "malformed",
+            f"record names learner {contribution.learner!r} fragment {contribution.fragment} version "
+            f"{contribution.anchor_version}, its key {key.learner!r} {key.fragment} {key.base_version}",
+        )
+    if contribution.payload.key != key.blob:
+        return reject("malformed", f"payload key {contribution.payload.key!r} is not the contribution's own ({key.blob})")
     staleness = base_version - contribution.anchor_version
     if not 0 <= staleness <= spec.algorithm.max_staleness:
         return reject("stale", f"based on version {contribution.anchor_version}, current is {base_version}")
+    if contribution.steps > spec.max_contribution_steps:
+        return reject("invalid_counts", f"{contribution.steps} steps, more than the run allows ({spec.max_contribution_steps})")
+    if contribution.carried_steps > contribution.steps:
+        return reject("invalid_counts", f"carried_steps {contribution.carried_steps} exceeds steps {contribution.steps}")
     try:
         contribution_weight = weight(contribution.steps, contribution.samples) * staleness_discount(staleness)
     except ContributionRejected as exc:
@@ -82,14 +148,35 @@ def validate(
         return reject("corrupt", str(exc))
     except IncompatiblePayload as exc:
         return reject("incompatible", str(exc))
-    except MailboxError as exc:
-        if exc.retryable:
-            raise
-        return reject("corrupt", f"payload unreadable: {exc}")
     for name, tensor in delta.items():
         if not backend.all_finite(tensor):
             return reject("non_finite", f"{name} holds NaN or infinite values")
-    return Accepted(key, contribution, delta, contribution_weight, staleness)
+    norm = math.sqrt(sum(float(backend.norm(tensor)) ** 2 for tensor in delta.values()))
+    if not math.isfinite(norm):
+        return reject("non_finite", "the delta's norm overflows")
+    limit = norm_limit(contribution.steps) if norm_limit is not None else None
+    if limit is not None and norm > limit:
+        return reject("outlier", f"delta norm {norm:.4g} exceeds {limit:.4g}, the bound from recent rounds")
+    return Accepted(key, contribution, delta, contribution_weight, staleness, norm)
+
+
+def capped_weights(accepted: Sequence[Accepted], samples_per_step_cap: float | None) -> list[Accepted]:
+    """The accepted contributions with samples capped at ``samples_per_step_cap`` × steps in
+    their weights (weight = (cap·steps)²/steps · discount); unchanged without a cap."""
+    if samples_per_step_cap is None:
+        return list(accepted)
+    out = []
+    for a in accepted:
+        steps, samples = a.contribution.steps, a.contribution.samples
+        ceiling = samples_per_step_cap * steps
+        if samples > ceiling:
+            a = replace(a, weight=ceiling * ceiling / steps * staleness_discount(a.staleness))
+        out.append(a)
+    return out
+
+
+def all_finite(backend: Backend, tensors: Mapping[str, Tensor]) -> bool:
+    return all(backend.all_finite(t) for t in tensors.values())
 
 
 def apply_round(
@@ -136,5 +223,11 @@ def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int
         accepted.append(outcome)
     if merge_from_manifest(record.merge) != spec.algorithm.merge:
         raise CorruptPayload("the round record's merge differs from the manifest's")
+    accepted = capped_weights(accepted, record.samples_per_step_cap)
+    for participant, outcome in zip(record.participants, accepted, strict=True):
+        if outcome.weight != participant.weight:
+            raise CorruptPayload(
+                f"participant {participant.contribution}: weight {outcome.weight!r}, the record says {participant.weight!r}"
+            )
     params, _, _ = apply_round(backend, spec, base, accepted)
     return params

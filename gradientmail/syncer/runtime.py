@@ -6,10 +6,15 @@ state, loaded from the mailbox alone when it takes over) and the round open on i
     collect  → list contribution records; accept or reject each (reason codes)
     quorum   → ``quorum_size`` accepted, or every live learner has one accepted
     grace    → wait the adaptive grace window for more reports (see ``grace.py``)
-    merge    → configured merge with weights samples²/steps, then the Nesterov outer step
-    commit   → blobs under attempt-unique keys, then create the round record once
+    merge    → configured merge with weights samples²/steps (samples per step capped, see
+               ``bounds.py``), then the Nesterov outer step; a non-finite result is never
+               committed: the round is retried without its largest delta
+    commit   → blobs under attempt-unique keys, then create the round record once (naming the
+               previous record's digest), then move the head pointer
+    collect  → retention: what the run's policy no longer keeps is deleted
 
 A node that loses the create-once race drops its result and reloads; it never overwrites.
+The election runs on a thread of its own, so lease renewals never wait behind transfers.
 """
 
 from __future__ import annotations
@@ -19,14 +24,26 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gradientmail.backends import Backend
-from gradientmail.errors import GradientMailError, KeyNotFound
+from gradientmail.algorithms.outer import OuterState
+from gradientmail.backends import Backend, Tensor
+from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.polling import PollingLoop
 from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import LeaseObserver, RunSpec, RunStore, live_learners
+from gradientmail.store.retention import ORPHAN_GRACE_VERSIONS
+from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.rounds import Accepted, Base, load_base, merge_round, outer_step, validate
+from gradientmail.syncer.rounds import (
+    Accepted,
+    Base,
+    all_finite,
+    capped_weights,
+    load_base,
+    merge_round,
+    outer_step,
+    validate,
+)
 from gradientmail.telemetry import hooks as telemetry
 
 __all__ = ["SyncerRuntime"]
@@ -68,6 +85,8 @@ class FragmentView:
     record: RoundRecord
     base: Base
     round: OpenRound
+    record_sha256: str = ""
+    """Digest of ``record``'s stored bytes: the next version's ``previous``."""
 
 
 class SyncerRuntime:
@@ -80,8 +99,8 @@ class SyncerRuntime:
         spec: RunSpec,
         node_id: str,
         *,
-        lease_ttl_s: float,
         poll_interval_s: float,
+        lease_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -89,13 +108,18 @@ class SyncerRuntime:
         self.spec = spec
         self.node_id = node_id
         self._clock = clock
-        self.election = Election(store, node_id, lease_ttl_s, clock)
-        self._observer = LeaseObserver(clock)
+        ttl_s = spec.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
+        self.election = Election(store, node_id, ttl_s, clock)
+        self._observer = LeaseObserver(ttl_s, clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
         self._grace = [GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments]
+        self._history = [ContributionHistory() for _ in spec.fragments]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
-        self._loop = PollingLoop(f"gm-syncer-{node_id}", self.run_once, poll_interval_s)
+        self._blobs_of: dict[tuple[int, int], frozenset[str]] = {}
+        """(fragment, version) → the blob keys its record references (retention's orphan check)."""
+        self._loop = PollingLoop(f"gm-syncer-{node_id}", self._rounds_pass, poll_interval_s)
+        self._election_loop = PollingLoop(f"gm-election-{node_id}", self._poll_election, poll_interval_s)
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
@@ -104,11 +128,14 @@ class SyncerRuntime:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
+        self._poll_election()
+        self._election_loop.start()
         self._loop.start()
         telemetry.attach_syncer(self)
 
     def stop(self, resign: bool = True) -> None:
         self._loop.stop()
+        self._election_loop.stop()
         if resign:
             try:
                 self.election.resign()
@@ -117,11 +144,18 @@ class SyncerRuntime:
 
     # -- one pass ------------------------------------------------------------------
     def run_once(self) -> None:
-        """One pass: election, live learners, and (if elected) every fragment's round."""
-        leader = self.election.poll()
+        """One pass: election, live learners, and (if elected) every fragment's round (what the
+        two threads do between them, in one call: for tests and tools)."""
+        self._poll_election()
+        self._rounds_pass()
+
+    def _poll_election(self) -> None:
+        self.election.poll()
+
+    def _rounds_pass(self) -> None:
         previous, self.live = self.live, live_learners(self.store, self._observer)
         self._count_expired(previous)
-        if not leader:
+        if not self.election.is_leader:
             self._views.clear()  # a future term recovers from the mailbox alone
             return
         for fragment in range(len(self.spec.fragments)):
@@ -137,9 +171,14 @@ class SyncerRuntime:
         if view is None or newest > view.version:
             committed = self.store.load_version(self.spec, fragment, newest)
             view = FragmentView(
-                newest, committed.record, load_base(self.backend, committed), OpenRound(newest, opened_at=self._clock())
+                newest,
+                committed.record,
+                load_base(self.backend, committed),
+                OpenRound(newest, opened_at=self._clock()),
+                committed.record_sha256,
             )
             self._views[fragment] = view
+            self._seed_history(fragment, committed.record)
         self._collect(fragment, view)
         current = view.round
         if not current.accepted:
@@ -158,6 +197,19 @@ class SyncerRuntime:
             return
         self._close(fragment, view)
 
+    def _seed_history(self, fragment: int, newest: RoundRecord) -> None:
+        """Learn the bounds' history from committed rounds we did not close: the newest one, and
+        when the history is short (a new term), the ones before it, up to ``SEED_ROUNDS``."""
+        history = self._history[fragment]
+        history.seed(newest.participants)
+        version = newest.version - 1
+        while len(history) < MIN_HISTORY and version > newest.version - SEED_ROUNDS and version > 0:
+            try:
+                history.seed(self.store.read_round(fragment, version).participants)
+            except (KeyNotFound, InvalidRecord):
+                return
+            version -= 1
+
     def _collect(self, fragment: int, view: FragmentView) -> None:
         current = view.round
         for key in self.store.contributions(fragment):
@@ -168,7 +220,7 @@ class SyncerRuntime:
                 self._old_contribution(fragment, key, view)
                 continue
             started = self._clock()
-            outcome = validate(self.store, self.backend, self.spec, view.version, key)
+            outcome = validate(self.store, self.backend, self.spec, view.version, key, self._history[fragment].norm_limit)
             current.fetch_s += self._clock() - started
             if isinstance(outcome, Rejection):
                 current.rejected.append(outcome)
@@ -195,14 +247,13 @@ class SyncerRuntime:
         return not any(key.record in self._keys_listed_by(fragment, v) for v in range(key.base_version + 1, view.version + 1))
 
     def _old_contribution(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> None:
-        """A contribution against an older version: garbage once merged, else stale."""
+        """A contribution against an older version: kept for audit once a round lists it (retention
+        collects it when the round leaves the audit window), else stale."""
         last_round = key.base_version + 1 + self.spec.algorithm.max_staleness  # the last round that could list it
         if any(
             key.record in self._keys_listed_by(fragment, v)
             for v in range(key.base_version + 1, min(last_round, view.version) + 1)
         ):
-            if last_round < view.version:  # keep the inputs of every round that could still be replayed
-                self.store.delete_contribution(key)
             return
         view.round.rejected.append(
             Rejection(
@@ -218,7 +269,7 @@ class SyncerRuntime:
         if cached is None:
             try:
                 record = self.store.read_round(fragment, version)
-            except KeyNotFound:
+            except (KeyNotFound, InvalidRecord):
                 return frozenset()
             cached = frozenset([p.contribution for p in record.participants] + [r.contribution for r in record.rejected])
             self._referenced[(fragment, version)] = cached
@@ -227,10 +278,13 @@ class SyncerRuntime:
     def _close(self, fragment: int, view: FragmentView) -> None:
         current = view.round
         started = self._clock()
-        merged, final = merge_round(self.backend, self.spec, current.accepted)
-        merged_at = self._clock()
-        params, state = outer_step(self.backend, self.spec, view.base, merged, final)
-        stepped_at = self._clock()
+        cap = self._history[fragment].samples_per_step_cap(
+            (a.contribution.steps, a.contribution.samples) for a in current.accepted
+        )
+        result = self._merge_finite(fragment, view, capped_weights(current.accepted, cap))
+        if result is None:
+            return
+        accepted, params, state, final, merged_at, stepped_at = result
         participants = tuple(
             Participant(
                 learner=a.contribution.learner,
@@ -241,11 +295,21 @@ class SyncerRuntime:
                 carried_steps=a.contribution.carried_steps,
                 staleness=a.staleness,
                 realigned=a.contribution.realigned,
+                norm=a.norm,
             )
-            for a in current.accepted
+            for a in accepted
         )
+        head = self.store.read_head(fragment)
+        if head is not None and head.version > view.version:  # our view lags (retention may hide the records between)
+            log.info(
+                "node %s: fragment %d is at version %d, not %d; reloading", self.node_id, fragment, head.version, view.version
+            )
+            del self._views[fragment]
+            return
+        if not self.election.holds_for(self.spec.lease_ttl_s / 3):
+            return  # renewals are failing: leave the commit to whoever holds the lease next
         quorum_wait = (current.quorum_at or started) - (current.first_seen_at or started)
-        record = self.store.commit_version(
+        stored = self.store.commit_version(
             fragment,
             view.version + 1,
             {name: self.backend.to_numpy(tensor) for name, tensor in params.items()},
@@ -263,24 +327,39 @@ class SyncerRuntime:
                 sync_s=current.fetch_s + self._clock() - started,
                 arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
             ),
+            previous=view.record_sha256 or None,
+            samples_per_step_cap=cap,
+            backend=self.backend.name,
         )
         committed_at = self._clock()
-        if record is None:
+        if stored is None:
             self.lost_races += 1
             log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
             del self._views[fragment]
             return
+        record = stored.record
+        log.info(
+            "node %s committed fragment %d version %d (%d merged, %d rejected)",
+            self.node_id,
+            fragment,
+            record.version,
+            len(participants),
+            len(current.rejected),
+        )
         self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
+        for a in accepted:
+            self._history[fragment].record(a.contribution.steps, a.contribution.samples, a.norm)
         self.commits += 1
         self._referenced[(fragment, record.version)] = frozenset(
             [p.contribution for p in participants] + [r.contribution for r in current.rejected]
         )
+        self._blobs_of[(fragment, record.version)] = frozenset((record.params.key, record.outer_state.key))
         for rejection in current.rejected:
             stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
             if stale is not None:
                 self.store.delete_contribution(stale)
         self._views[fragment] = FragmentView(
-            record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at)
+            record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at), stored.sha256
         )
         telemetry.round_committed(
             self,
@@ -301,6 +380,72 @@ class SyncerRuntime:
                 fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
             ),
         )
+        self._apply_retention(fragment, record.version)
+
+    def _merge_finite(
+        self, fragment: int, view: FragmentView, accepted: list[Accepted]
+    ) -> tuple[list[Accepted], dict[str, Tensor], OuterState, bool, float, float] | None:
+        """Merge and step; while the result is not finite, drop the participant with the largest
+        delta and retry (recorded as ``non_finite``). None when nobody is left: the round starts
+        over without them."""
+        current = view.round
+        while accepted:
+            merged, final = merge_round(self.backend, self.spec, accepted)
+            merged_at = self._clock()
+            params, state = outer_step(self.backend, self.spec, view.base, merged, final)
+            stepped_at = self._clock()
+            if (
+                all_finite(self.backend, params)
+                and all_finite(self.backend, state.momentum)
+                and all_finite(self.backend, state.master)
+            ):
+                return accepted, params, state, final, merged_at, stepped_at
+            worst = max(accepted, key=lambda a: a.norm)
+            accepted = [a for a in accepted if a is not worst]
+            current.accepted = [a for a in current.accepted if a.key != worst.key]
+            current.rejected.append(
+                Rejection(
+                    learner=worst.key.learner,
+                    contribution=worst.key.record,
+                    reason="non_finite",
+                    detail=f"the merge with this delta (norm {worst.norm:.4g}) was not finite",
+                )
+            )
+            log.warning("fragment %d: a merge was not finite; retrying without %s", fragment, worst.key.record)
+        current.quorum_at = None  # start the round over with whatever arrives next
+        return None
+
+    def _apply_retention(self, fragment: int, newest: int) -> None:
+        """Delete what the run's retention policy no longer keeps (see ``store/retention.py``)."""
+        retention = self.spec.retention
+        blobs = self.store.version_blobs(fragment)
+        records = set(self.store.committed_versions(fragment))
+        kept = retention.kept_versions(records | set(blobs), newest)
+        doomed = [keys.round_record(fragment, v) for v in records - kept]
+        for version, found in blobs.items():
+            if version not in kept:
+                doomed.extend(found)
+            elif version <= newest - ORPHAN_GRACE_VERSIONS and version in records:
+                referenced = self._referenced_blobs(fragment, version)
+                doomed.extend(k for k in found if referenced is not None and k not in referenced)
+        oldest_base = max(0, retention.oldest_audited_base(newest) - self.spec.algorithm.max_staleness)
+        doomed.extend(self.store.contribution_objects_below(fragment, oldest_base))
+        if doomed:
+            self.store.delete_keys(doomed)
+        for key in [k for k in self._blobs_of if k[0] == fragment and k[1] not in kept]:
+            del self._blobs_of[key]
+        for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
+            del self._referenced[key]
+
+    def _referenced_blobs(self, fragment: int, version: int) -> frozenset[str] | None:
+        cached = self._blobs_of.get((fragment, version))
+        if cached is None:
+            try:
+                record = self.store.read_round(fragment, version)
+            except (KeyNotFound, InvalidRecord):
+                return None  # not ours to judge: leave its blobs alone
+            cached = self._blobs_of[(fragment, version)] = frozenset((record.params.key, record.outer_state.key))
+        return cached
 
     def committed(self) -> dict[int, RoundRecord]:
         """The newest committed round record of each fragment, as this node tracks it while elected."""
@@ -310,5 +455,5 @@ class SyncerRuntime:
         """Count learners that left the live set because their lease went unrenewed for a TTL
         (a released lease changed token just before, so it has not stood still that long)."""
         for learner in previous.keys() - self.live.keys():
-            if self._observer.unchanged_for(keys.learner_lease(learner)) >= previous[learner].ttl_s:
+            if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
                 self.learner_leases_expired += 1

@@ -67,3 +67,12 @@ app.kubernetes.io/component: mailbox
 {{- printf "s3://%s/%s" $m.bucket (trimAll "/" $m.prefix) -}}
 {{- if $query }}?{{ join "&" $query }}{{ end -}}
 {{- end -}}
+
+{{/* The Secret holding the run key (docs/deploy.md#run-key), and the key inside it. */}}
+{{- define "gradientmail.runKeySecret" -}}
+{{- .Values.runKey.existingSecret | default (printf "%s-run-key" (include "gradientmail.fullname" .)) -}}
+{{- end -}}
+
+{{- define "gradientmail.runKeySecretKey" -}}
+{{- ternary .Values.runKey.existingSecretKey "run-key" (ne .Values.runKey.existingSecret "") -}}
+{{- end -}}

@@ -1,0 +1,215 @@
+"""``gradientmail audit``: check a run from its mailbox alone, trusting nothing in it.
+
+What it checks (docs/protocol.md, "Audit"), per fragment:
+
+* every round record still kept parses, verifies under the run key (when the run is signed)
+  and names the version and fragment of its key;
+* the newest ``keep_versions`` versions are all there (no gap), each record names the digest of
+  the record before it (the hash chain: a rollback or a rewritten record breaks it), and the
+  head pointer names the newest record's digest;
+* every blob a kept record references is there, with its size and sha256, and decodes to the
+  manifest's tensors;
+* every round inside the audit window replays to the committed bytes, and no contribution is
+  merged twice.
+
+Failures are listed and counted; warnings (a lease that does not verify, versions retention
+has yet to collect) are listed but do not fail the audit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gradientmail.backends import Backend, get_backend, payload
+from gradientmail.errors import BackendUnavailable, GradientMailError, KeyNotFound
+from gradientmail.records import keys
+from gradientmail.store import RunSpec, RunStore, StoredRound
+from gradientmail.syncer.rounds import replay_round
+
+__all__ = ["AuditReport", "audit_run"]
+
+REPLAY_TOLERANCE = 1e-5
+"""Relative agreement accepted when a round is replayed on another backend than the one that
+merged it (the backends agree within 1e-6; bytes are compared whenever the backend is here)."""
+
+
+@dataclass
+class AuditReport:
+    """What the audit checked, what failed and what it merely noticed."""
+
+    checked: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.failures
+
+    def ok(self, what: str) -> None:
+        self.checked.append(what)
+
+    def fail(self, what: str) -> None:
+        self.failures.append(what)
+
+    def warn(self, what: str) -> None:
+        self.warnings.append(what)
+
+
+def audit_run(store: RunStore, spec: RunSpec, say: Callable[[str], None] = lambda _: None) -> AuditReport:
+    """Audit every fragment of the run in ``store``; ``say`` gets one line per finding."""
+    report = AuditReport()
+    if spec.manifest.key_id is not None and store.key is None:
+        report.fail("the run is signed but no run key was given: signatures cannot be checked")
+    else:
+        report.ok("manifest" + (" signature" if store.key is not None else " (unsigned run)"))
+    for fragment in range(len(spec.fragments)):
+        _audit_fragment(store, spec, fragment, report)
+    _audit_leases(store, report)
+    for line in report.checked:
+        say(f"ok    {line}")
+    for line in report.warnings:
+        say(f"warn  {line}")
+    for line in report.failures:
+        say(f"FAIL  {line}")
+    return report
+
+
+def _audit_fragment(store: RunStore, spec: RunSpec, fragment: int, report: AuditReport) -> None:
+    retention = spec.retention
+    where = f"fragment {fragment}"
+    versions = store.committed_versions(fragment)
+    if not versions:
+        report.fail(f"{where}: no committed version")
+        return
+    newest = versions[-1]
+    window = range(max(0, newest - retention.keep_versions + 1), newest + 1)
+    missing = [v for v in window if v not in versions]
+    if missing:
+        report.fail(f"{where}: versions {missing} missing from the kept window {window.start}..{newest}")
+    else:
+        report.ok(f"{where}: versions {window.start}..{newest} all present")
+    extra = sorted(set(versions) - retention.kept_versions(set(versions), newest))
+    if extra:
+        report.warn(f"{where}: {len(extra)} versions retention has not collected yet (oldest {extra[0]})")
+    stored: dict[int, StoredRound] = {}
+    for version in versions:
+        try:
+            stored[version] = store.read_stored_round(fragment, version)
+        except GradientMailError as exc:
+            report.fail(f"{where} version {version}: record refused: {exc}")
+    _check_chain(stored, where, report)
+    _check_head(store, fragment, newest, stored.get(newest), report)
+    _check_blobs(store, spec, stored, where, report)
+    _check_merged_once(stored, where, report)
+    first_audited = max(1, newest - retention.audit_rounds + 1)
+    replayed = 0
+    for version in range(first_audited, newest + 1):
+        if version in stored and version - 1 in stored:
+            replayed += _check_replay(store, spec, fragment, stored[version], report)
+    report.ok(f"{where}: {replayed} of {newest - first_audited + 1} rounds in the audit window replayed")
+
+
+def _check_chain(stored: dict[int, StoredRound], where: str, report: AuditReport) -> None:
+    links = 0
+    for version, current in sorted(stored.items()):
+        record = current.record
+        if version == 0:
+            if record.previous is not None or record.base_version is not None:
+                report.fail(f"{where} version 0: names a previous record or base version")
+            continue
+        if record.base_version != version - 1:
+            report.fail(f"{where} version {version}: built on version {record.base_version}, not {version - 1}")
+        before = stored.get(version - 1)
+        if before is None:
+            continue  # retired by retention: the chain restarts at the oldest kept record
+        if record.previous != before.sha256:
+            report.fail(f"{where} version {version}: does not name version {version - 1}'s digest (rewritten or forged history)")
+        else:
+            links += 1
+    report.ok(f"{where}: hash chain checked over {links} links")
+
+
+def _check_head(store: RunStore, fragment: int, newest: int, top: StoredRound | None, report: AuditReport) -> None:
+    head = store.read_head(fragment)
+    if head is None or top is None:
+        report.warn(f"fragment {fragment}: no valid head pointer")
+    elif head.version == newest and head.record_sha256 != top.sha256:
+        report.fail(f"fragment {fragment} version {newest}: the record differs from the one the head pointer names (rewritten)")
+    elif head.version != newest:
+        report.warn(f"fragment {fragment}: head pointer at version {head.version}, newest is {newest}")
+    else:
+        report.ok(f"fragment {fragment}: head pointer names version {newest} and its digest")
+
+
+def _check_blobs(store: RunStore, spec: RunSpec, stored: dict[int, StoredRound], where: str, report: AuditReport) -> None:
+    checked = 0
+    for version, current in sorted(stored.items()):
+        record = current.record
+        try:
+            store.read_params(spec, record)
+            store.read_tensors(record.outer_state)
+            checked += 2
+        except GradientMailError as exc:
+            report.fail(f"{where} version {version}: referenced blob bad: {exc}")
+    report.ok(f"{where}: {checked} referenced blobs present with matching size and sha256")
+
+
+def _check_merged_once(stored: dict[int, StoredRound], where: str, report: AuditReport) -> None:
+    merged_in: dict[str, int] = {}
+    for version, current in sorted(stored.items()):
+        for participant in current.record.participants:
+            if participant.contribution in merged_in:
+                report.fail(
+                    f"{where}: {participant.contribution} merged by versions {merged_in[participant.contribution]} and {version}"
+                )
+            merged_in[participant.contribution] = version
+    report.ok(f"{where}: {len(merged_in)} contributions each merged once")
+
+
+def _check_replay(store: RunStore, spec: RunSpec, fragment: int, current: StoredRound, report: AuditReport) -> int:
+    record = current.record
+    where = f"fragment {fragment} version {record.version}"
+    backend, exact = _replay_backend(record.backend)
+    try:
+        replayed = replay_round(store, backend, spec, fragment, record.version)
+        committed = store.read_params(spec, record)
+    except KeyNotFound as exc:
+        report.fail(f"{where}: cannot replay, an input is gone: {exc}")
+        return 0
+    except GradientMailError as exc:
+        report.fail(f"{where}: replay failed: {exc}")
+        return 0
+    ours = {name: backend.to_numpy(tensor) for name, tensor in replayed.items()}
+    if exact:
+        if payload.encode(ours) != store.read_blob(record.params):
+            report.fail(f"{where}: replay differs from the committed bytes")
+            return 0
+    elif not all(_close(ours[name], committed[name]) for name in committed):
+        report.fail(f"{where}: replay on {backend.name} differs from the committed parameters beyond {REPLAY_TOLERANCE}")
+        return 0
+    return 1
+
+
+def _replay_backend(name: str | None) -> tuple[Backend, bool]:
+    """The backend that merged the round if it is installed (bytes must match), else NumPy
+    (values must agree within ``REPLAY_TOLERANCE``)."""
+    try:
+        return get_backend(name or "numpy"), True
+    except (BackendUnavailable, GradientMailError):
+        return get_backend("numpy"), False
+
+
+def _close(a: np.ndarray, b: np.ndarray) -> bool:
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    scale = max(float(np.max(np.abs(b64))) if b64.size else 0.0, 1e-30)
+    return bool(np.all(np.abs(a64 - b64) <= REPLAY_TOLERANCE * scale))
+
+
+def _audit_leases(store: RunStore, report: AuditReport) -> None:
+    for key in [keys.SYNCER_LEASE, *store.learner_lease_keys()]:
+        found = store.read_lease(key)
+        if found is not None and found.lease is None:
+            report.warn(f"{key}: unusable lease, nodes treat it as expired ({found.problem})")
