@@ -46,8 +46,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks._seaweed import Seaweed, _die_with_parent, find_weed
 from benchmarks.fault_proxy import FAULT_KINDS, FaultProxy
+from benchmarks.seaweed import Seaweed, die_with_parent, find_weed
 from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import Lease, RoundRecord, keys
@@ -259,7 +259,7 @@ class Chaos:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
             )
         node.restart_at = None
 

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import gradientmail as gm
-from tests.seaweedfs import SeaweedFS
+from benchmarks.seaweed import Seaweed
 
 
 def best_of(repeat: int, action) -> float:
@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
     payload = os.urandom(args.mb * 1024 * 1024)
     with tempfile.TemporaryDirectory() as workdir:
-        server = SeaweedFS.start(Path(workdir))
+        server = Seaweed.start(Path(workdir))
         try:
             s3 = server.server
             client = server.client()

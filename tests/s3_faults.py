@@ -3,7 +3,8 @@
 Register them on a ``boto3.Session``'s events *before* the mailbox makes its client (a
 client copies the session's handlers when it is created), then hand the session to
 ``S3Mailbox(session=...)``. Nothing here mocks S3: every request that is not failed goes
-to the real server, and a "lost response" really reaches it first.
+to the real server, and a "lost response" really reaches it first. ``GetObjectWire``
+records instead of failing: what each GetObject asked for and got (size before bytes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectionClosedError
 from botocore.httpsession import URLLib3Session
 
-__all__ = ["FaultInjector", "LoseRequests", "operation_of"]
+__all__ = ["FaultInjector", "GetObjectWire", "LoseRequests", "operation_of"]
 
 _CODES = {500: "InternalError", 503: "ServiceUnavailable"}
 
@@ -118,3 +119,37 @@ class LoseRequests:
         if self.meanwhile is not None:
             self.meanwhile()
         raise ConnectionClosedError(endpoint_url=request.url)
+
+
+class GetObjectWire:
+    """What the S3 client asked for and got on every GetObject: the Range header it sent,
+    the Content-Length the server answered with, and the body bytes read from it."""
+
+    def __init__(self, events: Any) -> None:
+        self.ranges: list[str | None] = []
+        self.content_lengths: list[int] = []
+        self.body_bytes = 0
+        self._lock = threading.Lock()
+        events.register("before-send.s3.GetObject", self._sent)
+        events.register("after-call.s3.GetObject", self._received)
+
+    def _sent(self, request: Any, **_: Any) -> None:
+        sent = request.headers.get("Range")  # bytes once the request is signed
+        with self._lock:
+            self.ranges.append(sent.decode() if isinstance(sent, bytes) else sent)
+
+    def _received(self, http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
+        with self._lock:
+            self.content_lengths.append(int(http_response.headers.get("Content-Length", 0)))
+        body = parsed.get("Body")
+        if body is None:  # an error answer (e.g. 416 for a range of an empty object)
+            return
+        read = body.read
+
+        def counting_read(amt: int | None = None) -> bytes:
+            chunk: bytes = read(amt)
+            with self._lock:
+                self.body_bytes += len(chunk)
+            return chunk
+
+        body.read = counting_read

