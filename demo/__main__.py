@@ -230,7 +230,7 @@ def _print_results(
     for line in lines:
         print(line)
     size_mb = sum(f.stat().st_size for f in mailbox_dir.rglob("*") if f.is_file()) / 1e6
-    print(f"total time {elapsed_s:.0f} s; mailbox ({size_mb:.0f} MB: every version is kept) and logs in {run_dir}")
+    print(f"total time {elapsed_s:.0f} s; mailbox ({size_mb:.0f} MB under the default retention) and logs in {run_dir}")
 
 
 def _follow(
