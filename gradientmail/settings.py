@@ -44,6 +44,9 @@ class NodeSettings(BaseSettings):
     learner_id: str | None = None
     """Stable id of this node; default: the host name."""
     backend: Literal["torch", "mlx", "numpy"] | None = None
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    """Where the node's trainer puts the model: ``auto`` (CUDA when present, else MPS, else CPU),
+    ``cpu``, ``mps``, ``cuda`` or ``cuda:N``. Used by the default job and the examples."""
 
     sync_every: int = _ALGORITHM["sync_every"].default
     fragments: int = _ALGORITHM["fragments"].default
