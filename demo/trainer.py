@@ -29,22 +29,31 @@ class Trainer:
     framework: Framework
     model: Any
     """``torch.nn.Module`` or ``mlx.nn.Module``: what ``gm.Session`` exchanges."""
+    device: str
+    """Where the PyTorch model lives (``cpu``, ``cuda``, ``cuda:N``, ``mps``), NumPy batches
+    moving there in each step and evaluation; ``"mlx"``: MLX's own default device."""
     step: Callable[[Batch], float]
     """One optimizer update; returns the batch's loss before it."""
     evaluate: Callable[[Batch], float]
     """Mean loss over validation windows."""
 
 
-def build_trainer(framework: Framework, config: GPTConfig, lr: float, init_seed: int = 0) -> Trainer:
-    """The tiny GPT in ``framework``, initialised from ``init_seed`` (same bytes in both)."""
+def build_trainer(framework: Framework, config: GPTConfig, lr: float, init_seed: int = 0, device: str = "cpu") -> Trainer:
+    """The tiny GPT in ``framework``, initialised from ``init_seed`` (same bytes in both).
+
+    ``device`` is a torch device string (resolve ``GRADIENTMAIL_DEVICE`` with
+    ``demo.device.resolve_device`` first): the PyTorch model and its optimizer state live
+    there. MLX ignores it: its model lives on MLX's default device (the Mac's GPU).
+    """
     if framework == "torch":
         from demo import model as torch_gpt
 
-        model = torch_gpt.GPT(config, seed=init_seed)
-        optimizer = torch_gpt.make_optimizer(model, lr)
+        model = torch_gpt.GPT(config, seed=init_seed).to(device)  # the same seeded weights on every device
+        optimizer = torch_gpt.make_optimizer(model, lr)  # after the move: its state is created next to the parameters
         return Trainer(
             "torch",
             model,
+            device,
             lambda batch: torch_gpt.train_step(model, optimizer, batch),
             lambda data: torch_gpt.evaluate(model, data),
         )
@@ -54,7 +63,11 @@ def build_trainer(framework: Framework, config: GPTConfig, lr: float, init_seed:
         model = mlx_gpt.GPT(config, seed=init_seed)
         optimizer = mlx_gpt.make_optimizer(model, lr)
         return Trainer(
-            "mlx", model, lambda batch: mlx_gpt.train_step(model, optimizer, batch), lambda data: mlx_gpt.evaluate(model, data)
+            "mlx",
+            model,
+            "mlx",
+            lambda batch: mlx_gpt.train_step(model, optimizer, batch),
+            lambda data: mlx_gpt.evaluate(model, data),
         )
     raise ValueError(f"unknown framework {framework!r}: use 'torch' or 'mlx'")
 

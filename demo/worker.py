@@ -23,6 +23,7 @@ from typing import Any
 
 from demo import events, settings
 from demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
+from demo.device import DEVICE_VARIABLE, describe_device, resolve_device
 from demo.model_config import GPTConfig
 from demo.trainer import Framework, Progress, build_trainer, run_steps
 from gradientmail.errors import GradientMailError, InvalidConfig
@@ -41,6 +42,10 @@ class WorkerConfig:
     steps: int
     seed: int
     framework: Framework = "torch"
+    device: str = "cpu"
+    """Where the PyTorch model trains: ``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:N``
+    (``demo.device.resolve_device``). The demo launcher's learners share the CPU; the node
+    passes its ``GRADIENTMAIL_DEVICE`` (default ``auto``: CUDA when present)."""
     sync_every: int = settings.SYNC_EVERY
     fragments: int = settings.FRAGMENTS
     batch_size: int = settings.BATCH_SIZE
@@ -80,6 +85,9 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser.add_argument("--steps", type=int, required=True, help="local steps to train (0: evaluate the committed model)")
     parser.add_argument("--seed", type=int, required=True, help="seed of this learner's batch stream")
     parser.add_argument("--framework", choices=["torch", "mlx"], default="torch")
+    parser.add_argument(
+        "--device", default="cpu", help="PyTorch device: auto (CUDA, else MPS, else CPU), cpu, mps, cuda or cuda:N"
+    )
     parser.add_argument("--sync-every", type=int, default=settings.SYNC_EVERY, help="H, shared by the run")
     parser.add_argument("--fragments", type=int, default=settings.FRAGMENTS, help="P, shared by the run")
     parser.add_argument("--batch-size", type=int, default=settings.BATCH_SIZE)
@@ -128,11 +136,13 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
 def run(config: WorkerConfig) -> float:
     """Train inside a session; print events; return the committed model's validation loss.
 
-    Raises whatever ``gm.Session`` raises on joining (``RunConfigMismatch``, ``MailboxError``)
-    and ``CorpusMissing`` without the text.
+    Raises whatever ``gm.Session`` raises on joining (``RunConfigMismatch``, ``MailboxError``),
+    ``CorpusMissing`` without the text and ``InvalidConfig`` (field ``device``) for a device
+    this machine cannot use.
     """
     import gradientmail as gm
 
+    device = _trainer_device(config)
     if config.niceness > 0 and hasattr(os, "nice"):
         os.nice(config.niceness)
     if config.framework == "torch":
@@ -143,12 +153,15 @@ def run(config: WorkerConfig) -> float:
     corpus = load_corpus()
     validation = validation_windows(corpus.validation, config.eval_windows, model_config.context)
     sampler = BatchSampler(corpus.train, config.batch_size, model_config.context, seed=config.seed)
-    trainer = build_trainer(config.framework, model_config, config.lr)
+    trainer = build_trainer(config.framework, model_config, config.lr, device=device)
     learner = config.learner_id
+    if device != "cpu":
+        log.info("%s trains on %s", config.learner_id, describe_device(device))
     events.emit(
         "start",
         learner,
         framework=config.framework,
+        device=trainer.device,
         steps=config.steps,
         batch_size=config.batch_size,
         tokens_per_step=sampler.tokens_per_batch,
@@ -225,6 +238,15 @@ def run(config: WorkerConfig) -> float:
     return val_loss
 
 
+def _trainer_device(config: WorkerConfig) -> str:
+    """The resolved PyTorch device, or ``"mlx"`` (MLX's default device) for an MLX learner."""
+    if config.framework == "torch":
+        return resolve_device(config.device)
+    if config.device.startswith("cuda"):
+        raise InvalidConfig("device", f"{DEVICE_VARIABLE}={config.device!r} applies to PyTorch; the MLX trainer has no CUDA")
+    return "mlx"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one learner; a configuration or mailbox problem ends with one clear line and exit 2."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -242,7 +264,8 @@ def node_worker_config(node: NodeSettings) -> WorkerConfig:
 
     The batch stream's seed comes from the learner id, so every node of a run sees different
     data and a restarted node the same as before. Every algorithm and session setting is
-    passed on whole; ``steps`` defaults to the demo's.
+    passed on whole; ``steps`` defaults to the demo's; ``device`` is the node's
+    ``GRADIENTMAIL_DEVICE`` (default ``auto``: CUDA when present, else MPS, else CPU).
 
     Raises:
         InvalidConfig: the ``numpy`` backend (this worker trains a torch or MLX model).
@@ -256,6 +279,7 @@ def node_worker_config(node: NodeSettings) -> WorkerConfig:
         steps=settings.STEPS if node.steps is None else node.steps,
         seed=zlib.crc32(learner_id.encode()) % 2**31,
         framework=node.backend or "torch",
+        device=node.device,
         algorithm=node.algorithm(),
         options=node.session_options(),
         retention=node.retention(),
@@ -270,7 +294,13 @@ def node_main() -> int:
     SIGTERM handling; the node turns ``InvalidConfig`` into exit 2 and other errors into exit 1.
     """
     config = node_worker_config(NodeSettings.from_env())
-    log.info("running the demo worker: %s, %d steps, learner %s", config.framework, config.steps, config.learner_id)
+    log.info(
+        "running the demo worker: %s on device %s, %d steps, learner %s",
+        config.framework,
+        config.device,
+        config.steps,
+        config.learner_id,
+    )
     run(config)
     return 0
 

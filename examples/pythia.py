@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import os
+import sys
 import time
 import zlib
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: never reach a model hub
 
@@ -33,6 +35,9 @@ import torch
 import torch.nn.functional as F
 
 import gradientmail as gm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, where demo/device.py lives
+from demo.device import resolve_device
 
 try:
     from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
@@ -61,7 +66,6 @@ BATCH = 8
 LR = 1e-3
 STEPS = 500
 LOG_EVERY = 10
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def shakespeare() -> torch.Tensor:
@@ -117,15 +121,23 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=SYNC_EVERY)
     parser.add_argument("--fragments", type=int, default=FRAGMENTS)
     parser.add_argument("--log-every", type=int, default=LOG_EVERY)
-    parser.add_argument("--device", default=DEVICE)
+    parser.add_argument(
+        "--device",
+        default=os.environ.get("GRADIENTMAIL_DEVICE", "auto"),
+        help="auto (CUDA, else MPS, else CPU), cpu, mps, cuda or cuda:N (default: $GRADIENTMAIL_DEVICE, else auto)",
+    )
     args = parser.parse_args()
     if not args.mailbox:
         parser.error("give --mailbox or set GRADIENTMAIL_MAILBOX")
+    try:
+        device = resolve_device(args.device)  # a device this machine lacks is an error, not a CPU run
+    except gm.InvalidConfig as exc:
+        parser.error(str(exc))
     if not 1 < args.context <= MODEL.max_position_embeddings:
         parser.error(f"--context must be between 2 and {MODEL.max_position_embeddings}")
 
     torch.manual_seed(0)
-    model = GPTNeoXForCausalLM(MODEL).to(args.device)  # random weights from the configuration: nothing is downloaded
+    model = GPTNeoXForCausalLM(MODEL).to(device)  # random weights from the configuration: nothing is downloaded
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.01)
     tokens = shakespeare()
@@ -139,11 +151,9 @@ def main() -> None:
     ) as session:
         name = session.learner_id
         embeddings = [n for n, _ in model.named_parameters() if "embed" in n]
-        print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters; embeddings {embeddings}")
+        print(f"{name}: {sum(p.numel() for p in model.parameters()):,} parameters; embeddings {embeddings}; on {device}")
         started = time.perf_counter()
-        for step, batch in enumerate(
-            batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), args.device), 1
-        ):
+        for step, batch in enumerate(batches(tokens, args.batch, args.context, args.steps, zlib.crc32(name.encode()), device), 1):
             loss = train_step(model, optimizer, batch)
             session.step(samples=tokens_in_batch)
             if step % args.log_every == 0 or step == args.steps:

@@ -13,7 +13,9 @@ not fight over the cores):
 
 The mailbox and the learner id may also come from GRADIENTMAIL_MAILBOX and
 GRADIENTMAIL_LEARNER_ID. The first learner creates the run; later ones load its committed
-weights.
+weights. --device (or GRADIENTMAIL_DEVICE) picks where the model trains: auto (the default)
+is CUDA when PyTorch sees a GPU, else Apple's MPS, else the CPU; a device the machine lacks
+is an error.
 
 The model, its AdamW step and the text are the demo's (demo/model.py, demo/data.py, next to
 this folder); examples/mlx_learner.py takes the MLX twin (demo/model_mlx.py), with the same
@@ -36,12 +38,11 @@ import time
 import zlib
 from pathlib import Path
 
-import torch
-
 import gradientmail as gm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, where the demo's GPT lives
 from demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
+from demo.device import resolve_device
 from demo.model import GPT, GPTConfig, evaluate, make_optimizer, train_step
 
 # -- configuration -----------------------------------------------------------------------
@@ -56,7 +57,6 @@ LR = 1e-3
 STEPS = 1000
 LOG_EVERY = 25
 HELD_OUT_WINDOWS = 128  # windows of the held-out text (the last 5 % of each play) for the final evaluation
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main() -> None:
@@ -77,17 +77,25 @@ def main() -> None:
     parser.add_argument("--sync-every", type=int, default=SYNC_EVERY)
     parser.add_argument("--fragments", type=int, default=FRAGMENTS)
     parser.add_argument("--log-every", type=int, default=LOG_EVERY)
-    parser.add_argument("--device", default=DEVICE)
+    parser.add_argument(
+        "--device",
+        default=os.environ.get("GRADIENTMAIL_DEVICE", "auto"),
+        help="auto (CUDA, else MPS, else CPU), cpu, mps, cuda or cuda:N (default: $GRADIENTMAIL_DEVICE, else auto)",
+    )
     args = parser.parse_args()
     if not args.mailbox:
         parser.error("give --mailbox or set GRADIENTMAIL_MAILBOX")
+    try:
+        device = resolve_device(args.device)  # a device this machine lacks is an error, not a CPU run
+    except gm.InvalidConfig as exc:
+        parser.error(str(exc))
 
     try:
         corpus = load_corpus()
     except CorpusMissing as exc:
         raise SystemExit(str(exc)) from None
     held_out = validation_windows(corpus.validation, HELD_OUT_WINDOWS, MODEL.context)
-    model = GPT(MODEL).to(args.device)  # every learner starts from the same seeded weights
+    model = GPT(MODEL).to(device)  # every learner starts from the same seeded weights
     optimizer = make_optimizer(model, args.lr)  # AdamW, local to this learner
 
     with gm.Session(
@@ -100,7 +108,8 @@ def main() -> None:
         # Each learner draws its own windows: seed from its id.
         batches = BatchSampler(corpus.train, args.batch, MODEL.context, seed=zlib.crc32(name.encode()))
         parameters = sum(p.numel() for p in model.parameters())
-        print(f"{name}: {parameters:,} parameters, {len(corpus.train):,} training bytes, fragments at {dict(session.versions)}")
+        versions = dict(session.versions)
+        print(f"{name}: {parameters:,} parameters on {device}, {len(corpus.train):,} training bytes, fragments at {versions}")
         started, recent = time.perf_counter(), []
         for step in range(1, args.steps + 1):
             loss = train_step(model, optimizer, batches.next())  # forward, backward, AdamW step

@@ -5,8 +5,10 @@ gradientmail export <mailbox-url> <file.safetensors>
 gradientmail replay <mailbox-url> --fragment F [--version V]
 gradientmail audit <mailbox-url>    (chains, signatures, blobs, replays; exit 1 on any failure)
 gradientmail keygen [--out FILE]    (a fresh run key, printed or written to FILE once)
-gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py)
+gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py;
+                          `gradientmail node --help` lists every variable with its default)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
+gradientmail --version
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
+from gradientmail._version import __version__
 from gradientmail.audit import audit_run
 from gradientmail.backends import get_backend, payload
 from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
+from gradientmail.settings import describe_variables
 from gradientmail.store import RunSpec, RunStore
 from gradientmail.syncer import replay_round
 
@@ -165,8 +169,33 @@ def keygen(out: str | None) -> int:
     return 0
 
 
+NODE_DESCRIPTION = """\
+Run one learner node (and syncer candidate), configured only by the GRADIENTMAIL_* variables
+below (gradientmail.settings.NodeSettings): what the container images and the Helm chart's pods
+run. A GRADIENTMAIL_* variable that is not listed here is refused (exit 2), naming the nearest.
+"""
+
+NODE_EXIT_CODES = """\
+exit codes:
+  0    done: the training script or the default job finished
+  1    anything else (a crash, the store unreachable after the node's own retries): retryable,
+       a restart may help
+  2    bad settings (InvalidConfig): fix the named variable; a restart does not help
+  3    the run does not match this node (RunConfigMismatch: algorithm, model or run key);
+       a restart does not help
+  143  stopped by SIGTERM (docker stop, a pod's termination)
+A training script's own exit code (sys.exit, an entry point's return value) is passed on.
+"""
+
+
+def node_help_epilog() -> str:
+    """What ``gradientmail node --help`` prints below the usage: every variable, then the exit codes."""
+    return f"variables (default in parentheses):\n{describe_variables()}\n\n{NODE_EXIT_CODES}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gradientmail", description="Inspect and export GradientMail runs.")
+    parser.add_argument("--version", action="version", version=f"gradientmail {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     status_parser = commands.add_parser("status", help="fragments, versions, last rounds, learners, syncer")
     status_parser.add_argument("mailbox")
@@ -182,7 +211,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     audit_parser.add_argument("mailbox")
     keygen_parser = commands.add_parser("keygen", help="make a run key (GRADIENTMAIL_RUN_KEY)")
     keygen_parser.add_argument("--out", default=None, help="write it to this file (mode 0600) unless the file exists")
-    commands.add_parser("node", help="run a learner node configured by GRADIENTMAIL_* variables (what the images run)")
+    commands.add_parser(
+        "node",
+        help="run a learner node configured by GRADIENTMAIL_* variables (what the images run)",
+        description=NODE_DESCRIPTION,
+        epilog=node_help_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
     args = parser.parse_args(argv)
     if args.command in ("node", "health"):

@@ -24,7 +24,28 @@ the node process, so a dead or wedged process fails it; it needs ``GRADIENTMAIL_
 
 SIGTERM (``docker stop``, a pod's termination) raises ``SystemExit(143)`` in the training
 loop, so ``with gm.Session(...)`` closes without waiting and releases the learner's lease
-instead of leaving it to expire. Exit codes: the script's own; 2 for invalid settings.
+instead of leaving it to expire.
+
+A store that stays unreachable (a retryable error, ``MailboxUnavailable``, out of the job, e.g.
+on joining) does not end the node: it logs a warning and runs the job again in the same process
+after a pause (:data:`RETRY_DELAYS_S`, about 25 minutes in all), as a restart would, without
+spending a container's restart budget. Only after the last try does it exit 1.
+
+Exit codes (what compose's and Kubernetes' restart policies act on; ``docs/deploy.md``):
+
+* 0 — done: the script or the default job finished (an entry point's return value, a
+  script's ``sys.exit`` code, is passed on as it is);
+* 1 — anything else: a crash, a store error, the store unreachable after the retries above.
+  Retryable: a restart may help;
+* 2 — bad settings (``InvalidConfig``): a variable is invalid, missing
+  (``GRADIENTMAIL_MAILBOX is required``) or unknown (``GRADIENTMAIL_SYNC_EVRY is not a
+  setting; did you mean GRADIENTMAIL_SYNC_EVERY?``). A restart does not help;
+* 3 — the run does not match this node (``RunConfigMismatch``: an algorithm setting, the
+  model, or the run key differs from the run's manifest). A restart does not help;
+* 143 — stopped by SIGTERM.
+
+Logging is at INFO on stderr, so the syncer's line per committed round (fragment, version,
+merged, rejected and the round's timings) shows in ``docker compose logs`` and ``kubectl logs``.
 """
 
 from __future__ import annotations
@@ -34,14 +55,26 @@ import logging
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 from types import FrameType
 
-from gradientmail.errors import GradientMailError, InvalidConfig
+from gradientmail.errors import GradientMailError, InvalidConfig, RunConfigMismatch
 from gradientmail.records import default_learner_id
 from gradientmail.settings import NodeSettings
 
-__all__ = ["DEFAULT_JOB", "check_health", "health_main", "main", "run_node"]
+__all__ = [
+    "DEFAULT_JOB",
+    "EXIT_DONE",
+    "EXIT_INVALID_SETTINGS",
+    "EXIT_RETRYABLE",
+    "EXIT_RUN_MISMATCH",
+    "RETRY_DELAYS_S",
+    "check_health",
+    "health_main",
+    "main",
+    "run_node",
+]
 
 log = logging.getLogger("gradientmail.node")
 
@@ -54,6 +87,17 @@ _DEFAULT_JOB_MISSING = (
     "; it is the repository's demo/ folder: put the folder holding it on PYTHONPATH (the images do),"
     " or set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT"
 )
+
+EXIT_DONE = 0
+EXIT_RETRYABLE = 1
+"""Anything else: a crash or a store error; a restart may help."""
+EXIT_INVALID_SETTINGS = 2
+"""``InvalidConfig``: fix the named variable; a restart does not help."""
+EXIT_RUN_MISMATCH = 3
+"""``RunConfigMismatch`` (algorithm, model or run key): a restart does not help."""
+
+RETRY_DELAYS_S: tuple[float, ...] = (5, 10, 20, 40, 80, 160, 300, 300, 300, 300)
+"""Pauses before running the job again after a retryable store error (about 25 minutes in all)."""
 
 _SIGTERM_EXIT = 128 + signal.SIGTERM
 
@@ -90,7 +134,9 @@ def run_node(settings: NodeSettings) -> int:
     """Run the node's training script under these settings; return its exit code.
 
     Raises whatever the training script raises (``RunConfigMismatch``, ``MailboxError``, …) and
-    ``InvalidConfig`` for settings that cannot work together.
+    ``InvalidConfig`` for settings that cannot work together. A retryable error
+    (``MailboxUnavailable``) runs the job again after the next pause of :data:`RETRY_DELAYS_S`;
+    the last try's error is raised.
     """
     if settings.script and settings.entrypoint:
         raise InvalidConfig("script", "set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT, not both")
@@ -98,19 +144,32 @@ def run_node(settings: NodeSettings) -> int:
     if telemetry is not None and telemetry.prometheus_address is not None:
         log.info("metrics on http://%s:%d/metrics", *telemetry.prometheus_address)
     try:
-        if settings.script:
-            log.info("running the training script %s", settings.script)
-            _run_script(settings.script)
-        else:
-            entrypoint = settings.entrypoint or DEFAULT_JOB
-            log.info("running the entry point %s", entrypoint)
-            result = _run_entrypoint(entrypoint)
-            if isinstance(result, int) and not isinstance(result, bool):
-                return result
+        for attempt, delay in enumerate(RETRY_DELAYS_S, start=1):
+            try:
+                return _run_job(settings)
+            except GradientMailError as exc:
+                if not exc.retryable:
+                    raise
+                tries = len(RETRY_DELAYS_S) + 1
+                log.warning(
+                    "%s: %s; running the job again in %gs (try %d of %d)", type(exc).__name__, exc, delay, attempt + 1, tries
+                )
+            time.sleep(delay)  # outside the handler: the failed try's frames are released first
+        return _run_job(settings)
     finally:
         if telemetry is not None:
             telemetry.shutdown()
-    return 0
+
+
+def _run_job(settings: NodeSettings) -> int:
+    if settings.script:
+        log.info("running the training script %s", settings.script)
+        _run_script(settings.script)
+        return EXIT_DONE
+    entrypoint = settings.entrypoint or DEFAULT_JOB
+    log.info("running the entry point %s", entrypoint)
+    result = _run_entrypoint(entrypoint)
+    return result if isinstance(result, int) and not isinstance(result, bool) else EXIT_DONE
 
 
 def check_health(settings: NodeSettings, timeout_s: float = 3.0) -> tuple[bool, str]:
@@ -142,8 +201,10 @@ def health_main() -> int:
 
 
 def main() -> int:
-    """``gradientmail node``: settings from the environment, then :func:`run_node`."""
+    """``gradientmail node``: settings from the environment, then :func:`run_node`; the exit code
+    says what happened (see the module's docstring)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("gradientmail").setLevel(logging.INFO)  # INFO even where something configured logging first
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         settings = NodeSettings.from_env()
@@ -152,12 +213,15 @@ def main() -> int:
         return run_node(settings)
     except InvalidConfig as exc:
         print(f"gradientmail node: invalid settings: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_SETTINGS
+    except RunConfigMismatch as exc:
+        print(f"gradientmail node: {exc} (use the run's settings, model and key, or a new mailbox prefix)", file=sys.stderr)
+        return EXIT_RUN_MISMATCH
     except SystemExit as exc:
         if exc.code is None or isinstance(exc.code, int):
-            return exc.code or 0
+            return exc.code or EXIT_DONE
         print(exc.code, file=sys.stderr)
-        return 1
+        return EXIT_RETRYABLE
     except GradientMailError as exc:
-        print(f"gradientmail node: {exc}", file=sys.stderr)
-        return 1
+        print(f"gradientmail node: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_RETRYABLE

@@ -2,16 +2,27 @@
 
 Every algorithm knob defaults to :class:`~gradientmail.algorithms.diloco.DiLoCo`'s own
 default and every session knob to :class:`~gradientmail.session.SessionOptions`'s, so the
-defaults live in one place. Invalid values raise ``InvalidConfig`` naming the field.
+defaults live in one place. Invalid values raise ``InvalidConfig`` naming the field; so does a
+``GRADIENTMAIL_*`` variable that is not a setting (a misspelt one would otherwise be ignored
+silently), with the nearest setting's name, unless :data:`ALLOWED_VARIABLES` or a Kubernetes
+service link excuses it. Each field's docstring is its description (``gradientmail node --help``
+lists them: :func:`describe_variables`).
 """
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
+import textwrap
+from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
@@ -26,7 +37,30 @@ from gradientmail.store import Retention
 from gradientmail.telemetry import Telemetry, active, otlp_requested
 from gradientmail.telemetry import configure as configure_telemetry
 
-__all__ = ["NodeSettings", "session_from_env"]
+__all__ = [
+    "ALLOWED_VARIABLES",
+    "PREFIX",
+    "NodeSettings",
+    "check_environment",
+    "describe_variables",
+    "session_from_env",
+    "variable_name",
+]
+
+PREFIX = "GRADIENTMAIL_"
+
+ALLOWED_VARIABLES: Mapping[str, str] = {
+    "GRADIENTMAIL_VENV": "scripts/bootstrap.sh's virtual environment (scripts/train, scripts/test); not a node setting",
+}
+"""``GRADIENTMAIL_*`` variables that are legitimately set without being settings, and why.
+
+Besides these, Kubernetes' service links are excused: for every Service of the pod's namespace
+with a cluster IP, the kubelet sets ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT[_<PORT>]``,
+``<NAME>_PORT`` and ``<NAME>_PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]``, so a Service named
+``gradientmail-minio`` (the chart's MinIO in a release named ``gradientmail``) sets
+``GRADIENTMAIL_MINIO_SERVICE_HOST`` and its siblings. A name is excused as a link only when its
+``<NAME>_SERVICE_HOST`` is set too, so a typo such as ``GRADIENTMAIL_METRIC_PORT`` is still
+refused."""
 
 _ALGORITHM = DiLoCo.model_fields
 _SESSION = SessionOptions()
@@ -37,44 +71,67 @@ _RETENTION = Retention.model_fields
 class NodeSettings(BaseSettings):
     """Everything a learner node needs, read from ``GRADIENTMAIL_<FIELD>`` variables."""
 
-    model_config = SettingsConfigDict(env_prefix="GRADIENTMAIL_", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(env_prefix=PREFIX, extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     mailbox: str
     """Mailbox URL: ``s3://bucket/prefix?endpoint=…``, ``minio://…``, ``file:///path``."""
     learner_id: str | None = None
     """Stable id of this node; default: the host name."""
     backend: Literal["torch", "mlx", "numpy"] | None = None
+    """Tensor backend: ``torch``, ``mlx`` or ``numpy``; default: the model's (the default job: ``torch``)."""
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     """Where the node's trainer puts the model: ``auto`` (CUDA when present, else MPS, else CPU),
     ``cpu``, ``mps``, ``cuda`` or ``cuda:N``. Used by the default job and the examples."""
 
     sync_every: int = _ALGORITHM["sync_every"].default
+    """Local steps between two exchanges of the same fragment (H). Run-wide."""
     fragments: int = _ALGORITHM["fragments"].default
+    """Fragments the model is split into (P), exchanged staggered across ``sync_every``. Run-wide."""
     merge: Literal["rda", "weighted_mean"] = "rda"
+    """How the syncer merges accepted deltas: ``rda`` or ``weighted_mean``. Run-wide."""
     direct_pattern: str | None = Rda.model_fields["direct_pattern"].default
+    """With ``merge=rda``: tensors whose name contains this take the weighted mean (embeddings)."""
     outer_lr: float = _ALGORITHM["outer_lr"].default
+    """Nesterov outer learning rate. Run-wide."""
     outer_momentum: float = _ALGORITHM["outer_momentum"].default
+    """Nesterov outer momentum; 0 disables it. Run-wide."""
     quorum_size: int = _ALGORITHM["quorum_size"].default
+    """Accepted contributions a round waits for before its grace window (K). Run-wide."""
     in_flight: int | None = _ALGORITHM["in_flight"].default
+    """Most fragments this learner has published and not yet aligned; unset: no bound."""
     overlap_steps: int | None = _ALGORITHM["overlap_steps"].default
+    """Most steps this learner trains past a publish before waiting for the commit; unset: never waits."""
     mixing: float = _ALGORITHM["mixing"].default
+    """Share of the local parameters kept when aligning (needs ``carry_unmerged=false``); 0 replaces."""
     max_staleness: int = _ALGORITHM["max_staleness"].default
+    """Versions a contribution's base may lag and still be merged, down-weighted. Run-wide."""
     carry_unmerged: bool = _ALGORITHM["carry_unmerged"].default
+    """Carry work a commit did not merge across the alignment (docs/session.md)."""
     max_carried_steps: int | None = _ALGORITHM["max_carried_steps"].default
+    """Most steps of unmerged work carried before it is dropped; unset: 4 × ``sync_every``."""
     flush_on_close: bool = _ALGORITHM["flush_on_close"].default
+    """Publish the steps trained since the last contribution when the session closes."""
     delta_dtype: str | None = _ALGORITHM["delta_dtype"].default
+    """dtype deltas travel in (e.g. ``bfloat16``); unset: each parameter's own. Run-wide."""
     grace_gamma: float = _ALGORITHM["grace_gamma"].default
+    """Share of the slack a round's grace window may spend (γ). Run-wide."""
     grace_tau: float = _ALGORITHM["grace_tau"].default
+    """Learner steps of slack a round may use (τ). Run-wide."""
     grace_max_s: float = _ALGORITHM["grace_max_s"].default
+    """Upper bound on one grace window, in seconds. Run-wide."""
 
     run_key: SecretStr | None = None
     """The run key (docs/security.md): every record is signed and checked with it. Never logged."""
     run_key_file: str | None = None
     """Instead of ``run_key``: a file holding it (a mounted secret)."""
     keep_versions: int = _RETENTION["keep_versions"].default
+    """Retention of a new run: newest versions kept whole (docs/operations.md)."""
     audit_rounds: int = _RETENTION["audit_rounds"].default
+    """Retention of a new run: newest rounds whose inputs are kept for ``gradientmail audit``."""
     checkpoint_every: int = _RETENTION["checkpoint_every"].default
+    """Retention of a new run: every version divisible by this is a checkpoint."""
     keep_checkpoints: int = _RETENTION["keep_checkpoints"].default
+    """Retention of a new run: newest checkpoints kept beyond the newest versions."""
 
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (off when unset). OTLP export is configured by
@@ -83,9 +140,14 @@ class NodeSettings(BaseSettings):
     """Address the Prometheus endpoint binds to."""
 
     lease_ttl_s: float = _SESSION.lease_ttl_s
+    """Seconds without renewal after which a learner or the syncer counts as dead (the run's first
+    learner records it; every node then uses the run's value)."""
     poll_interval_s: float = _SESSION.poll_interval_s
+    """Seconds between two passes of the background exchange and of the syncer."""
     run_syncer: bool = _SESSION.run_syncer
+    """Take part in the syncer election; false for a node that should never close rounds."""
     commit_timeout_s: float = _SESSION.commit_timeout_s
+    """Longest a step waits for a commit under ``overlap_steps``, and closing for the rounds in flight."""
 
     # What ``gradientmail node`` (the container images' command) runs; see gradientmail/node.py.
     script: str | None = None
@@ -101,11 +163,32 @@ class NodeSettings(BaseSettings):
     user's script may read it from ``NodeSettings.from_env().steps``."""
 
     @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """pydantic-settings' sources, after a check that refuses unknown ``GRADIENTMAIL_*`` variables."""
+        return (_RefuseUnknownVariables(settings_cls), init_settings, env_settings, dotenv_settings, file_secret_settings)
+
+    @classmethod
     def from_env(cls, **overrides: object) -> NodeSettings:
-        """Read the environment; errors become ``InvalidConfig`` naming the variable's field."""
+        """Read the environment; errors become ``InvalidConfig`` naming the variable's field.
+
+        A ``GRADIENTMAIL_*`` variable that is not a setting is an error naming the nearest one
+        (:func:`check_environment`); a missing mailbox says ``GRADIENTMAIL_MAILBOX is required``.
+        """
         try:
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as error:
+            missing = [item for item in error.errors() if item["type"] == "missing" and item["loc"]]
+            if missing:
+                name = str(missing[0]["loc"][0])
+                description = _description(cls.model_fields[name]).rstrip(".")
+                raise _invalid(name, f"{variable_name(name)} is required ({description})") from None
             raise invalid_config(error) from None
 
     def algorithm(self) -> DiLoCo:
@@ -157,6 +240,92 @@ class NodeSettings(BaseSettings):
             prometheus_port=self.metrics_port,
             prometheus_address=self.metrics_address,
         )
+
+
+def variable_name(field: str) -> str:
+    """The environment variable of a ``NodeSettings`` field: ``sync_every`` → ``GRADIENTMAIL_SYNC_EVERY``."""
+    return PREFIX + field.upper()
+
+
+def _invalid(field: str, message: str) -> InvalidConfig:
+    """``InvalidConfig`` for ``field`` whose text is ``message`` alone (it names the variable)."""
+    error = InvalidConfig(field, message)
+    error.args = (message,)
+    return error
+
+
+_SERVICE_LINK_SUFFIX = re.compile(r"_SERVICE_PORT(_[A-Z0-9_]+)?|_PORT(_[0-9]+_(TCP|UDP|SCTP)(_(PROTO|PORT|ADDR))?)?")
+
+
+def _service_link(name: str, environ: Mapping[str, str]) -> bool:
+    """Whether ``name`` is one of a Kubernetes Service's link variables (its ``_SERVICE_HOST`` is set too)."""
+    if name.endswith("_SERVICE_HOST"):
+        return True
+    return any(
+        _SERVICE_LINK_SUFFIX.fullmatch(name[at:]) is not None and f"{name[:at]}_SERVICE_HOST" in environ
+        for at, char in enumerate(name)
+        if char == "_"
+    )
+
+
+def check_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Refuse ``GRADIENTMAIL_*`` variables that are not settings, naming the nearest setting.
+
+    Raises ``InvalidConfig`` (``.field``: the first unknown variable), e.g.
+    ``GRADIENTMAIL_SYNC_EVRY is not a setting; did you mean GRADIENTMAIL_SYNC_EVERY?``. Names are
+    compared without regard to case, as pydantic-settings reads them. Excused:
+    :data:`ALLOWED_VARIABLES` and Kubernetes service links (see there).
+    """
+    environ = os.environ if environ is None else environ
+    upper = {name.upper(): name for name in environ}
+    known = {variable_name(field) for field in NodeSettings.model_fields}
+    problems = []
+    first = None
+    for name in sorted(upper):
+        if not name.startswith(PREFIX) or name in known or name in ALLOWED_VARIABLES or _service_link(name, upper):
+            continue
+        first = first or upper[name]
+        suffixes = [field.upper() for field in NodeSettings.model_fields]
+        nearest = difflib.get_close_matches(name[len(PREFIX) :], suffixes, n=1, cutoff=0.6)
+        hint = f"; did you mean {PREFIX}{nearest[0]}?" if nearest else " (`gradientmail node --help` lists the settings)"
+        problems.append(f"{upper[name]} is not a setting{hint}")
+    if first is not None:
+        raise _invalid(first, "; ".join(problems))
+
+
+class _RefuseUnknownVariables(PydanticBaseSettingsSource):
+    """A settings source that contributes nothing and runs :func:`check_environment` first."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        check_environment()
+        return {}
+
+
+def _description(field: FieldInfo) -> str:
+    """A field's docstring on one line, without reST markup."""
+    text = " ".join((field.description or "").split()).replace("``", "")
+    return text or "(no description)"
+
+
+def _default(field: FieldInfo) -> str:
+    default = field.default
+    if default is PydanticUndefined:
+        return "required"
+    if default is None:
+        return "default: unset"
+    return f"default: {str(default).lower() if isinstance(default, bool) else default}"
+
+
+def describe_variables(width: int = 100) -> str:
+    """Every ``GRADIENTMAIL_*`` setting with its default and description: ``gradientmail node --help``."""
+    lines = []
+    for name, field in NodeSettings.model_fields.items():
+        lines.append(f"  {variable_name(name)}  ({_default(field)})")
+        lines.extend(textwrap.wrap(_description(field), width=width, initial_indent=" " * 6, subsequent_indent=" " * 6))
+    return "\n".join(lines)
 
 
 def session_from_env(model: Any, **overrides: Any) -> Session:

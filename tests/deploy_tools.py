@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -111,3 +112,72 @@ def dockerfile_env(path: Path) -> dict[str, str]:
                 name, _, value = pair.partition("=")
                 env[name] = value
     return env
+
+
+# -- Kubernetes-shaped blocks of the chart's values ------------------------------------------------
+
+KUBERNETES_SCHEMA_VERSION = "v1.37.0"
+"""The Kubernetes API the chart's schema copies its Kubernetes-shaped blocks from: the newest one
+kubernetes-validate (pinned in pyproject.toml) carries, a superset of the fields older ones know."""
+KUBERNETES_TYPES = (
+    "io.k8s.api.core.v1.Affinity",
+    "io.k8s.api.core.v1.EnvVar",
+    "io.k8s.api.core.v1.PodSecurityContext",
+    "io.k8s.api.core.v1.ResourceRequirements",
+    "io.k8s.api.core.v1.SecurityContext",
+    "io.k8s.api.core.v1.Toleration",
+    "io.k8s.api.core.v1.TopologySpreadConstraint",
+    "io.k8s.api.core.v1.Volume",
+    "io.k8s.api.core.v1.VolumeMount",
+    "io.k8s.api.networking.v1.NetworkPolicyEgressRule",
+    "io.k8s.api.networking.v1.NetworkPolicyPeer",
+)
+"""The types values.schema.json's ``definitions`` hold, with every type they refer to."""
+_DROPPED_KEYWORDS = {"description", "format", "x-kubernetes-list-map-keys", "x-kubernetes-list-type"}
+_DROPPED_KEYWORDS |= {"x-kubernetes-map-type", "x-kubernetes-patch-merge-key", "x-kubernetes-patch-strategy"}
+_DROPPED_KEYWORDS |= {"x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields"}
+
+
+def kubernetes_definitions(types: tuple[str, ...] = KUBERNETES_TYPES) -> dict[str, Any]:
+    """``types`` and what they refer to, from kubernetes-validate's strict schemas (every object
+    ``additionalProperties: false``, so a misspelt field is refused), as JSON-schema definitions
+    for values.schema.json: descriptions and Kubernetes' own annotations dropped, references
+    pointing into ``#/definitions``."""
+    import kubernetes_validate
+
+    folder = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"{KUBERNETES_SCHEMA_VERSION}-local-strict"
+    source = json.loads((folder / "_definitions.json").read_text())["$defs"]
+
+    def clean(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key in _DROPPED_KEYWORDS:
+                    continue
+                if key == "$ref":
+                    value = "#/definitions/" + value.rsplit("/", 1)[1]
+                out[key] = clean(value)
+            return out
+        if isinstance(node, list):
+            return [clean(item) for item in node]
+        return node
+
+    found: dict[str, Any] = {}
+    pending = list(types)
+    while pending:
+        name = pending.pop()
+        if name in found:
+            continue
+        found[name] = clean(source[name])
+        pending.extend(re.findall(r'"#/definitions/([^"]+)"', json.dumps(found[name])))
+    return dict(sorted(found.items()))
+
+
+if __name__ == "__main__":
+    # Rewrites values.schema.json's definitions from kubernetes-validate: python -m tests.deploy_tools
+    schema_path = CHART / "values.schema.json"
+    schema = json.loads(schema_path.read_text())
+    # the chart's own definitions stay; the Kubernetes ones (io.k8s.*) are replaced
+    own = {k: v for k, v in schema.get("definitions", {}).items() if not k.startswith("io.k8s.")}
+    schema["definitions"] = {**own, **kubernetes_definitions()}
+    schema_path.write_text(json.dumps(schema, indent=2, ensure_ascii=False) + "\n")

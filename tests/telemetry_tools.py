@@ -23,11 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 DASHBOARDS = ROOT / "dashboards"
 RULES = DASHBOARDS / "prometheus" / "gradientmail.rules.yaml"
 RULE_TESTS = DASHBOARDS / "prometheus" / "gradientmail.rules.test.yaml"
+GENERATOR = DASHBOARDS / "generate.py"
 GRAFANA = DASHBOARDS / "grafana"
 PROVISIONING = DASHBOARDS / "provisioning"
 
 GRAFANA_VARIABLES = {"$__rate_interval": "20s", "$__interval": "5s", "$__range": "5m"}
 """What Grafana's built-in variables become when a test runs a dashboard's query."""
+RUN_VARIABLES = ("namespace", "job", "run")
+"""The variables every dashboard query filters on (a run of a job in a namespace)."""
 
 
 def free_port() -> int:
@@ -62,15 +65,20 @@ def dashboard_queries(board: dict, values: dict[str, str]) -> list[tuple[str, st
     return found
 
 
-def variable_queries(board: dict) -> list[tuple[str, str, str]]:
-    """(variable, metric, label) of every ``label_values(metric, label)`` variable."""
+def variable_queries(board: dict) -> list[tuple[str, str, str, str]]:
+    """(variable, metric, series selector, label) of every ``label_values(selector, label)``
+    variable (the ``datasource`` variable lists data sources, not label values)."""
     found = []
     for variable in board["templating"]["list"]:
+        if variable["type"] == "datasource":
+            continue
         query = variable.get("query")
         text = query.get("query") if isinstance(query, dict) else query
-        match = re.fullmatch(r"\s*label_values\(\s*([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*", text or "")
+        match = re.fullmatch(
+            r"\s*label_values\(\s*(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?)\s*,\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*\)\s*", text or ""
+        )
         assert match, f"variable {variable['name']}: unsupported query {text!r}"
-        found.append((variable["name"], match[1], match[2]))
+        found.append((variable["name"], match[2], match[1], match[4]))
     return found
 
 

@@ -21,6 +21,7 @@ import helm_python
 import pytest
 import yaml
 
+from gradientmail._version import __version__
 from gradientmail.mailbox import open_mailbox
 from gradientmail.settings import NodeSettings
 from tests.deploy_tools import (
@@ -36,6 +37,7 @@ from tests.deploy_tools import (
     dockerfile_instructions,
     image_services,
     interpolate,
+    kubernetes_definitions,
     learner_environment,
     learner_services,
     load_compose,
@@ -323,6 +325,7 @@ VALUE_SETS = {
     "gpu-pool": yaml.safe_load((CHART / "ci/gpu-pool-values.yaml").read_text()),
     "external-s3": yaml.safe_load((CHART / "ci/external-s3-values.yaml").read_text()),
     "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
+    "job": yaml.safe_load((CHART / "ci/job-values.yaml").read_text()),
 }
 CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script", "run_key", "run_key_file"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -337,9 +340,19 @@ def _documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
     return [doc for name, text in rendered.items() if not name.endswith("NOTES.txt") for doc in yaml.safe_load_all(text) if doc]
 
 
+def _learners(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    """The learners' workload: the StatefulSet, or in job mode the Indexed Job."""
+    (workload,) = [d for d in documents if d["kind"] in ("StatefulSet", "Job") and d["metadata"]["name"] == "gm-gradientmail"]
+    return workload
+
+
 def _learner_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
-    (statefulset,) = [d for d in documents if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "gm-gradientmail"]
-    return statefulset["spec"]["template"]["spec"]["containers"][0]
+    return _learners(documents)["spec"]["template"]["spec"]["containers"][0]
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """The kubelet's ``$(NAME)`` expansion of a variable defined earlier in the container's env."""
+    return re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), value)
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -370,7 +383,8 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(value_set, tmp_path)
             assert "Couldn't find schema for kind" in line and any(kind in line for kind in CRD_KINDS), line
     assert passed == len([d for d in documents if d["kind"] not in CRD_KINDS])
     kinds = {doc["kind"] for doc in documents}
-    assert {"StatefulSet", "Service", "ServiceAccount", "PodDisruptionBudget", "NetworkPolicy", "ConfigMap"} <= kinds
+    assert {"Service", "ServiceAccount", "PodDisruptionBudget", "NetworkPolicy", "ConfigMap"} <= kinds
+    assert _learners(documents)["kind"] == ("Job" if value_set == "job" else "StatefulSet")
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
@@ -378,6 +392,17 @@ def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_se
     documents = _documents(_render(VALUE_SETS[value_set]))
     container = _learner_container(documents)
     literal = {}
+    if value_set == "job":  # what the pod of completion index 3 gets from its annotation
+        assert container["env"][1] == {
+            "name": "JOB_COMPLETION_INDEX",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}},
+        }
+        literal["JOB_COMPLETION_INDEX"] = "3"
+    else:
+        assert container["env"][1] == {
+            "name": "GRADIENTMAIL_LEARNER_ID",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+        }
     for entry in container["env"]:
         name = entry["name"]
         if name.startswith("GRADIENTMAIL_") and name not in RUN_KEY_VARIABLES:
@@ -385,8 +410,10 @@ def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_se
         if name.startswith("AWS_") or name in RUN_KEY_VARIABLES:
             assert "value" not in entry and "secretKeyRef" in entry["valueFrom"], f"{name} must come from a Secret"
         if "value" in entry:
-            literal[name] = entry["value"]
-    assert container["env"][1] == {"name": "GRADIENTMAIL_LEARNER_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+            literal[name] = _expand(entry["value"], literal)
+    if value_set == "job":
+        assert literal["GRADIENTMAIL_LEARNER_ID"] == "gm-gradientmail-3", "the id a StatefulSet's pod 3 has"
+    literal.pop("JOB_COMPLETION_INDEX", None)
     settings = _settings_from(literal)
     settings.algorithm()
     settings.session_options()
@@ -424,7 +451,7 @@ def test_the_gpu_pool_requests_gpus_and_places_learners():
     values = VALUE_SETS["gpu-pool"]
     documents = _documents(_render(values))
     container = _learner_container(documents)
-    assert container["image"] == "gradientmail-learner:cuda"
+    assert container["image"] == f"ghcr.io/gradientmail/gradientmail-learner:{__version__}-cuda"
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1 and container["resources"]["requests"]["nvidia.com/gpu"] == 1
     (statefulset,) = [d for d in documents if d["kind"] == "StatefulSet"]
     pod = statefulset["spec"]["template"]["spec"]
@@ -432,13 +459,38 @@ def test_the_gpu_pool_requests_gpus_and_places_learners():
         assert pod[key] == values["learners"][key]
     assert statefulset["spec"]["replicas"] == 8 and statefulset["spec"]["podManagementPolicy"] == "Parallel"
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert env["GRADIENTMAIL_SCRIPT"] == "/opt/gradientmail-script/train.py"
+    assert env["GRADIENTMAIL_DEVICE"] == "cuda"
     assert {"ServiceMonitor", "PrometheusRule"} <= {d["kind"] for d in documents}
+
+
+def test_the_gpu_pool_reaches_s3_with_the_pods_iam_role_and_needs_nothing_it_does_not_create():
+    # EKS IRSA: the service account's role-arn annotation, no keys; an s3:// URL with its region
+    documents = _documents(_render(VALUE_SETS["gpu-pool"]))
+    container = _learner_container(documents)
+    env = {e["name"]: e for e in container["env"]}
+    assert not [name for name in env if name.startswith("AWS_")]
+    mailbox = env["GRADIENTMAIL_MAILBOX"]["value"]
+    assert mailbox == "s3://my-training-gradientmail/runs/gpt-a10g?region=us-east-1" and "endpoint=" not in mailbox
+    (account,) = [d for d in documents if d["kind"] == "ServiceAccount"]
+    pod = _learners(documents)["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"] == "gm-gradientmail"
+    annotations = account["metadata"]["annotations"]
+    assert re.fullmatch(r"arn:aws:iam::\d{12}:role/[\w+=,.@-]+", annotations["eks.amazonaws.com/role-arn"])
+    assert not [key for key in annotations if "gke.io" in key]
+    # every ConfigMap and Secret the pod mounts or reads is one the release creates (or the run key's)
+    created = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    for volume in pod["volumes"]:
+        if "configMap" in volume:
+            assert ("ConfigMap", volume["configMap"]["name"]) in created
+    for entry in container["env"]:
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        if ref:
+            assert ("Secret", ref["name"]) in created
 
 
 def test_the_default_learner_is_cpu_and_uses_the_pods_role():
     container = _learner_container(_documents(_render({})))
-    assert container["image"] == "gradientmail-learner:cpu"
+    assert container["image"] == f"ghcr.io/gradientmail/gradientmail-learner:{__version__}-cpu"
     assert not [e for e in container["env"] if e["name"].startswith("AWS_")]
     assert all(
         probe["httpGet"] == {"path": "/metrics", "port": "metrics"}
@@ -575,6 +627,32 @@ def test_the_run_key_in_extra_env_is_refused_with_the_values_to_use(variable):
         ({"runKey": {"enabled": "yes"}}, "at '/runKey/enabled': got string, want boolean"),
         ({"runKey": {"existingSecret": "Team_Key"}}, "at '/runKey/existingSecret'"),
         ({"runKey": {"existingSecretKey": "a/b"}}, "at '/runKey/existingSecretKey'"),
+        # Kubernetes-shaped blocks take only Kubernetes' own field names
+        ({"learners": {"resources": {"limit": {"cpu": "1"}}}}, "at '/learners/resources': additional properties 'limit'"),
+        ({"securityContext": {"runAsNonroot": True}}, "at '/securityContext': additional properties 'runAsNonroot'"),
+        ({"podSecurityContext": {"fsgroup": 10001}}, "at '/podSecurityContext': additional properties 'fsgroup'"),
+        ({"learners": {"tolerations": [{"key": "x", "opertor": "Exists"}]}}, "additional properties 'opertor'"),
+        ({"learners": {"affinity": {"nodeAfinity": {}}}}, "at '/learners/affinity': additional properties 'nodeAfinity'"),
+        ({"learners": {"extraVolumeMounts": [{"name": "d", "mountpath": "/d"}]}}, "additional properties 'mountpath'"),
+        ({"learners": {"extraVolumes": [{"name": "d", "emptydir": {}}]}}, "additional properties 'emptydir'"),
+        ({"learners": {"extraEnv": [{"name": "HF_TOKEN", "valueForm": {}}]}}, "additional properties 'valueForm'"),
+        (
+            {
+                "learners": {
+                    "topologySpreadConstraints": [
+                        {"maxSkew": 1, "topologyKey": "z", "whenUnsatisfiable": "DoNotSchedule", "labelselector": {}}
+                    ]
+                }
+            },
+            "additional properties 'labelselector'",
+        ),
+        ({"networkPolicy": {"mailboxTo": [{"ipblock": {"cidr": "10.0.0.0/8"}}]}}, "additional properties 'ipblock'"),
+        ({"minio": {"resources": {"request": {"cpu": "1"}}}}, "at '/minio/resources': additional properties 'request'"),
+        ({"learners": {"mode": "deployment"}}, "at '/learners/mode': value must be one of 'statefulset', 'job'"),
+        ({"learners": {"job": {"backofflimit": 3}}}, "at '/learners/job': additional properties 'backofflimit'"),
+        ({"learners": {"shm": {"size": "1Gi"}}}, "at '/learners/shm': additional properties 'size'"),
+        ({"image": {"flavor": "rocm"}}, "at '/image/flavor'"),
+        ({"image": {"digest": "latest"}}, "at '/image/digest'"),
     ],
 )
 def test_invalid_values_are_refused_by_the_schema_with_a_clear_message(values, message):
@@ -595,3 +673,190 @@ def test_notes_tell_how_to_watch_the_run():
     assert "kubectl -n training logs -f gm-gradientmail-0" in notes
     assert "gradientmail status" in notes and "s3://gradientmail/runs/onprem" in notes
     assert "kubectl -n training get secret gm-gradientmail-run-key -o jsonpath='{.data.run-key}' | base64 -d > run.key" in notes
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_notes_commands_work_when_pasted_one_per_line(value_set):
+    notes = _render(VALUE_SETS[value_set])["gradientmail/templates/NOTES.txt"]
+    commands = [line.strip() for line in notes.splitlines() if line.strip().startswith(("kubectl", "curl", "gradientmail", "("))]
+    assert commands
+    for command in commands:
+        assert "&&" not in command and not command.endswith("&"), command
+        if "port-forward" in command:  # it blocks: the curl is its own line, for another terminal
+            assert command.split()[-1].count(":") == 1 and ";" not in command and "|" not in command, command
+    assert any(c.startswith("curl -s localhost:9464/metrics") for c in commands)
+    assert any(c.startswith("gradientmail export '") and c.endswith("' model.safetensors") for c in commands)
+
+
+# -- versions and images ------------------------------------------------------------------------
+
+
+def test_the_charts_versions_are_the_packages_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == __version__ and isinstance(chart["appVersion"], str)
+    assert chart["version"] == __version__, "the chart is released with the package, at its version"
+
+
+def test_build_images_tags_both_flavours_with_the_version_and_pushes_on_request(tmp_path):
+    log = tmp_path / "engine.log"
+    engine = tmp_path / "engine"
+    engine.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    engine.chmod(0o755)
+    script = str(ROOT / "scripts/build-images")
+    env = {"PATH": "/usr/bin:/bin", "ENGINE": str(engine)}
+    version = subprocess.run([script, "--version"], capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert version == __version__
+    subprocess.run([script, "--", "--build-arg", "BASE_IMAGE=local/base"], check=True, env=env, capture_output=True)
+    builds = log.read_text().splitlines()
+    image = "ghcr.io/gradientmail/gradientmail-learner"
+    for line, flavor in zip(builds, ("cpu", "cuda"), strict=True):
+        args = line.split()
+        assert args[:3] == ["build", "-f", f"docker/{flavor}.Dockerfile"] and args[-1] == "."
+        assert f"{image}:{version}-{flavor}" in args and f"gradientmail-learner:{flavor}" in args
+        assert "BASE_IMAGE=local/base" in args
+    log.unlink()
+    subprocess.run(
+        [script, "--flavor", "cuda", "--push"], check=True, env={**env, "IMAGE": "reg.example/gm"}, capture_output=True
+    )
+    assert log.read_text().splitlines()[1] == f"push reg.example/gm:{version}-cuda"
+    refused = subprocess.run([script, "--flavor", "gpu"], capture_output=True, text=True, env=env)
+    assert refused.returncode == 2 and "unknown flavor gpu" in refused.stderr
+    # the chart's default image is the one the script builds
+    assert _learner_container(_documents(_render({})))["image"] == f"{image}:{version}-cpu"
+
+
+def test_the_images_workflow_is_a_valid_github_workflow_that_pushes_on_version_tags():
+    workflow_path = ROOT / ".github/workflows/images.yml"
+    result = subprocess.run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.github-workflows", str(workflow_path)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    workflow = yaml.safe_load(workflow_path.read_text())
+    triggers = workflow[True]  # YAML 1.1 reads the key `on` as true
+    assert triggers["push"]["tags"] == ["v*"]
+    assert workflow["permissions"]["packages"] == "write"
+    (job,) = workflow["jobs"].values()
+    assert job["strategy"]["matrix"]["flavor"] == ["cpu", "cuda"]
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert 'scripts/build-images --flavor "${{ matrix.flavor }}" --push' in runs
+    assert job["env"]["IMAGE"] == "ghcr.io/${{ github.repository_owner }}/gradientmail-learner"
+
+
+# -- runs that finish: the Indexed Job ----------------------------------------------------------
+
+
+def test_job_mode_runs_the_learners_as_an_indexed_job_that_ends():
+    documents = _documents(_render(VALUE_SETS["job"]))
+    assert not [d for d in documents if d["kind"] == "StatefulSet"]
+    job = _learners(documents)
+    spec = job["spec"]
+    assert spec["completionMode"] == "Indexed" and spec["completions"] == spec["parallelism"] == 4
+    assert spec["backoffLimit"] == 8 and spec["podReplacementPolicy"] == "Failed"
+    assert spec["ttlSecondsAfterFinished"] == 604800 and spec["activeDeadlineSeconds"] == 86400
+    # exit 2 (bad settings) and 3 (run mismatch) fail the Job without a retry; evictions don't count
+    assert spec["podFailurePolicy"]["rules"] == [
+        {"action": "FailJob", "onExitCodes": {"containerName": "learner", "operator": "In", "values": [2, 3]}},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]
+    pod = spec["template"]["spec"]
+    assert pod["restartPolicy"] == "Never", "the only restartPolicy podFailurePolicy allows"
+    assert "selector" not in spec, "the Job controller makes its own"
+    labels = spec["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "learner"
+    # the Service, PodDisruptionBudget and NetworkPolicy select the Job's pods as they do a StatefulSet's
+    for document in documents:
+        if document["kind"] in ("Service", "PodDisruptionBudget", "NetworkPolicy"):
+            selector = document["spec"].get("selector", document["spec"].get("podSelector"))
+            selector = selector.get("matchLabels", selector)
+            if selector.get("app.kubernetes.io/component") == "learner":
+                assert selector.items() <= labels.items(), document["metadata"]["name"]
+
+
+def test_job_mode_with_gpus_frees_them_and_the_default_mode_is_the_statefulset():
+    values = {**VALUE_SETS["gpu-pool"], "learners": {**VALUE_SETS["gpu-pool"]["learners"], "mode": "job"}}
+    documents = _documents(_render(values))
+    job = _learners(documents)
+    assert job["kind"] == "Job" and job["spec"]["completions"] == 8
+    assert _learner_container(documents)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    notes = _render(values)["gradientmail/templates/NOTES.txt"]
+    assert "wait --for=condition=complete" in notes and "scale statefulset" not in notes
+    assert _learners(_documents(_render({})))["kind"] == "StatefulSet"
+
+
+def test_job_completion_index_is_the_charts_in_extra_env():
+    with pytest.raises(helm_python.HelmError, match="JOB_COMPLETION_INDEX is the learner's index"):
+        _render({"learners": {"mode": "job", "extraEnv": [{"name": "JOB_COMPLETION_INDEX", "value": "0"}]}})
+
+
+# -- the pod's volumes and script --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
+def test_learners_get_a_memory_backed_dev_shm(value_set):
+    documents = _documents(_render(VALUE_SETS[value_set]))
+    pod = _learners(documents)["spec"]["template"]["spec"]
+    (shm,) = [v for v in pod["volumes"] if v["name"] == "shm"]
+    expected = VALUE_SETS[value_set].get("learners", {}).get("shm", {}).get("sizeLimit", "1Gi")
+    assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": expected}
+    assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    off = _learners(_documents(_render({"learners": {"shm": {"enabled": False}}})))["spec"]["template"]["spec"]
+    assert not [v for v in off["volumes"] if v["name"] == "shm"]
+
+
+def test_a_script_given_as_a_value_becomes_the_charts_configmap():
+    script = 'import gradientmail as gm\nprint("hello: \\"world\\"")\n'
+    documents = _documents(_render({"script": {"content": script, "key": "train.py"}}))
+    (configmap,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "gm-gradientmail-script"]
+    assert configmap["data"] == {"train.py": script}
+    pod = _learners(documents)["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "script"]
+    assert volume["configMap"]["name"] == "gm-gradientmail-script"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["GRADIENTMAIL_SCRIPT"] == "/opt/gradientmail-script/train.py"
+    with pytest.raises(helm_python.HelmError, match="not both"):
+        _render({"script": {"content": script, "configMap": "mine"}})
+
+
+# -- a chart that stands alone -------------------------------------------------------------------
+
+
+def test_the_chart_has_no_links_and_its_files_are_copies_of_the_sources():
+    links = [path for path in CHART.rglob("*") if path.is_symlink()]
+    assert not links, f"links in the chart: {links}; run scripts/sync-chart-files"
+    sources = {p.name: p.read_bytes() for p in (ROOT / "dashboards/grafana").glob("*.json")}
+    copies = {p.name: p.read_bytes() for p in (CHART / "files/dashboards").glob("*.json")}
+    assert copies == sources, "the chart's dashboards differ from dashboards/grafana: run scripts/sync-chart-files"
+    rules = (ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_bytes()
+    assert (CHART / "files/gradientmail.rules.yaml").read_bytes() == rules, "run scripts/sync-chart-files"
+    check = subprocess.run([str(ROOT / "scripts/sync-chart-files"), "--check"], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_packaged_chart_renders_from_anywhere(tmp_path):
+    # the chart copied away from the repository (links kept as links: one out of the chart would dangle)
+    copy = tmp_path / "elsewhere" / "gradientmail"
+    shutil.copytree(CHART, copy, symlinks=True)
+    archive = helm_python.package(copy, destination=tmp_path)
+    assert Path(archive).name == f"gradientmail-{__version__}.tgz"
+    shutil.rmtree(tmp_path / "elsewhere")
+    with helm_python.Chart.load(archive) as chart:
+        rendered = chart.render(VALUE_SETS["gpu-pool"], name="gm", namespace="training", is_install=True)
+    documents = _documents(rendered)
+    (configmap,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert configmap["data"] == {p.name: p.read_text() for p in (ROOT / "dashboards/grafana").glob("*.json")}
+    (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
+    assert _learner_container(documents)["image"].endswith(f":{__version__}-cuda")
+
+
+def test_the_schemas_kubernetes_blocks_are_kubernetes_own_definitions():
+    # values.schema.json's definitions: kubernetes-validate's strict schemas of the pinned
+    # Kubernetes API (tests/deploy_tools.py; regenerate with `python -m tests.deploy_tools`)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    kubernetes = {name: d for name, d in schema["definitions"].items() if name.startswith("io.k8s.")}
+    assert kubernetes == kubernetes_definitions()
+    for name, definition in kubernetes.items():
+        if "properties" in definition:
+            assert definition.get("additionalProperties") is False, name

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 
 from gradientmail.mailbox import FileMailbox, S3Mailbox
 from gradientmail.records import Lease, keys
+from gradientmail.store import RunStore
 from tests.deploy_tools import (
     DOCKERFILES,
     ROOT,
@@ -206,6 +208,54 @@ def test_the_node_runs_a_mounted_script_or_an_installed_entry_point(tmp_path):
     assert ran.returncode == 7, ran.stderr[-3000:]  # the function's return value is the exit code
     assert "SCRIPT-DONE mytraining.train installed 6" in ran.stdout
     assert _participants(FileMailbox(tmp_path / "box"), 1) == {"mounted", "installed"}
+
+
+COMMIT_LINE = re.compile(
+    r"gradientmail\.syncer\.runtime INFO node (\S+) committed fragment (\d+) version (\d+) "
+    r"\((\d+) merged, (\d+) rejected\) quorum wait \d+\.\d\ds grace \d+\.\d\ds sync \d+\.\d\ds$"
+)
+
+
+def test_the_node_logs_one_info_line_per_round_it_commits(tmp_path):
+    """What `docker compose logs` shows: every committed round once, with its timings, at the
+    node's default log level."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        SCRIPT.replace("model[", "time.sleep(0.1)\n        model[").replace("import numpy", "import time\nimport numpy")
+    )
+    env = {
+        **image_environment(tmp_path),
+        "GRADIENTMAIL_MAILBOX": f"file://{tmp_path / 'box'}",
+        "GRADIENTMAIL_SCRIPT": str(script),
+        "GRADIENTMAIL_LEARNER_ID": "logger",
+        "GRADIENTMAIL_STEPS": "12",
+        "GRADIENTMAIL_SYNC_EVERY": "3",
+        "GRADIENTMAIL_POLL_INTERVAL_S": "0.02",
+    }
+    ran = subprocess.run(image_command(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    logged = [m.groups() for m in map(COMMIT_LINE.search, ran.stderr.splitlines()) if m]
+    committed = RunStore(FileMailbox(tmp_path / "box")).committed_versions(0)
+    assert len(committed) > 2, f"the run committed rounds: {committed}"
+    assert sorted(int(version) for _, fragment, version, *_ in logged if fragment == "0") == committed[1:]
+    assert {(node, merged, rejected) for node, _, _, merged, rejected in logged} == {("logger", "1", "0")}
+
+
+def test_the_apple_host_runner_checks_the_python_version_first(tmp_path):
+    """An interpreter older than 3.10 is refused before anything is created, saying what to do."""
+    old_python = tmp_path / "python3.9"
+    old_python.write_text('#!/bin/sh\ncase "$2" in *print*) echo 3.9.18 ;; *) exit 1 ;; esac\n')
+    old_python.chmod(0o755)
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    venv = tmp_path / "venv"
+    command = [str(ROOT / "scripts/apple-learner"), "--mailbox", "file:///nowhere", "--venv", str(venv)]
+    ran = subprocess.run([*command, "--python", str(old_python)], env=env, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 2
+    assert f"{old_python} is Python 3.9.18; GradientMail needs Python >= 3.10" in ran.stderr
+    assert "brew install python@3.12" in ran.stderr and "--python /path/to/python3.12" in ran.stderr
+    assert not venv.exists()
+    ran = subprocess.run([*command, "--python", "no-such-python"], env=env, capture_output=True, text=True, timeout=30)
+    assert ran.returncode == 2 and "no Python interpreter 'no-such-python'" in ran.stderr, ran.stderr
 
 
 @pytest.mark.parametrize(

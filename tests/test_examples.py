@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -18,3 +22,39 @@ def test_synthetic_commits_equal_the_weighted_average():
     assert len(diffs) >= 10
     assert max(diffs) < 1e-6
     assert re.search(r"max \|w - true_w\| = 0\.0\d", result.stdout)
+
+
+def _torch_learner(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "torch_learner.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | (env or {}),
+    )
+
+
+def test_torch_learner_trains_on_the_device_it_is_given(tmp_path):
+    mailbox = (tmp_path / "mailbox").as_uri()
+    knobs = ["--steps", "2", "--batch", "2", "--sync-every", "2", "--fragments", "2", "--log-every", "2"]
+    result = _torch_learner("--mailbox", mailbox, "--learner-id", "a", *knobs, env={"GRADIENTMAIL_DEVICE": "cpu"})
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^a: [\d,]+ parameters on cpu,", result.stdout, re.MULTILINE), result.stdout
+    assert "held-out loss" in result.stdout
+
+
+def test_examples_refuse_a_device_they_cannot_use(tmp_path):
+    mailbox = (tmp_path / "mailbox").as_uri()
+    bad = _torch_learner("--mailbox", mailbox, "--device", "gpu")
+    assert bad.returncode == 2 and "GRADIENTMAIL_DEVICE='gpu' is not a device" in bad.stderr
+    if not torch.cuda.is_available():
+        missing = _torch_learner("--mailbox", mailbox, env={"GRADIENTMAIL_DEVICE": "cuda"})
+        assert missing.returncode == 2 and "GRADIENTMAIL_DEVICE='cuda' but this PyTorch" in missing.stderr
+    assert not (tmp_path / "mailbox").exists()  # refused before joining: no run was created
+
+
+@pytest.mark.parametrize("example", ["torch_learner.py", "gpt2.py", "pythia.py"])
+def test_torch_examples_take_device_defaulting_to_auto(example):
+    source = (ROOT / "examples" / example).read_text()
+    assert 'default=os.environ.get("GRADIENTMAIL_DEVICE", "auto")' in source
+    assert "resolve_device(args.device)" in source and "torch.cuda.is_available()" not in source

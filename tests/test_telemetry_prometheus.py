@@ -20,6 +20,7 @@ from tests.telemetry_tools import (
     check_promql,
     dashboard_queries,
     dashboards,
+    fill,
     free_port,
     http_get,
     metric_names,
@@ -146,17 +147,25 @@ def test_every_metric_the_run_exposes_passes_promtool_check_metrics(scraped_run:
     assert ours == expected, f"missing from the run: {sorted(expected - ours)}; not in the catalogue: {sorted(ours - expected)}"
 
 
+def _run_values(scraped_run: ScrapedRun) -> dict[str, str]:
+    """The dashboards' run variables as Grafana would fill them for the run (All is ``.*``)."""
+    (run,) = scraped_run.prometheus.api("label/run/values", **{"match[]": "gradientmail_learner_steps_total"})
+    return {"namespace": ".*", "job": ".*", "run": str(run)}
+
+
 def test_every_dashboard_and_rule_query_parses_and_names_exported_metrics(scraped_run: ScrapedRun, tmp_path: Path) -> None:
     learner = scraped_run.survivors()[0]
+    run = _run_values(scraped_run)
     expressions: list[tuple[str, str]] = [(f"rule {name}", expr) for name, expr in rule_expressions()]
     for file, board in dashboards().items():
         expressions += [
-            (f"{file}: {title}", expr) for title, expr in dashboard_queries(board, {"fragment": ".*", "learner": learner})
+            (f"{file}: {title}", expr) for title, expr in dashboard_queries(board, {**run, "fragment": ".*", "learner": learner})
         ]
-        for variable, metric, label in variable_queries(board):
+        for variable, metric, selector, label in variable_queries(board):
             assert metric in scraped_run.scraped, f"{file}: variable {variable} reads {metric}, which the run does not export"
-            values = scraped_run.prometheus.api(f"label/{label}/values", **{"match[]": metric})
-            assert values, f"{file}: variable {variable} has no values"
+            values = scraped_run.prometheus.api(f"label/{label}/values", **{"match[]": fill(selector, run)})
+            if label != "namespace":  # a scrape outside Kubernetes sets no namespace: the variable offers All
+                assert values, f"{file}: variable {variable} has no values"
     check_promql([expr for _, expr in expressions], tmp_path)
     known = scraped_run.scraped | recorded_names()
     for where, expr in expressions:
@@ -168,7 +177,9 @@ def test_every_dashboard_and_rule_query_parses_and_names_exported_metrics(scrape
 def test_the_round_dashboard_queries_return_data_for_the_run(scraped_run: ScrapedRun) -> None:
     board = dashboards()[ROUNDS_DASHBOARD]
     empty = [
-        (title, expr) for title, expr in dashboard_queries(board, {"fragment": ".*"}) if not scraped_run.prometheus.query(expr)
+        (title, expr)
+        for title, expr in dashboard_queries(board, {**_run_values(scraped_run), "fragment": ".*"})
+        if not scraped_run.prometheus.query(expr)
     ]
     assert not empty, "queries without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
 
@@ -179,6 +190,12 @@ def test_the_run_recorded_its_takeover_and_the_recording_rules_evaluate(scraped_
     assert len(holder) == 1 and holder[0]["metric"]["node"] != scraped_run.killed
     assert prometheus.value("max(gradientmail_syncer_term)") >= 2
     assert prometheus.value("max(gradientmail_learners_live)") == 2
+    # every series names its run, and the survivors judge each live lease younger than the TTL
+    assert not prometheus.query('{__name__=~"gradientmail_.+", run=""}')
+    ages = prometheus.query("gradientmail_lease_age_seconds")
+    assert {a["metric"]["kind"] for a in ages} == {"learner", "syncer"}
+    assert {a["metric"]["holder"] for a in ages if a["metric"]["kind"] == "learner"} <= set(scraped_run.learners)
+    assert prometheus.value("max(gradientmail_lease_ttl_seconds)") == 1.0
     for recorded in recorded_names():
         wait_until(lambda: prometheus.query(recorded), 10, f"recording rule {recorded}")
     # the rule may first have evaluated during the takeover (no holder): wait for a fresh evaluation

@@ -24,7 +24,7 @@ from gradientmail.telemetry.catalogue import PHASES
 from tests.fake_clock import FakeClock
 from tests.telemetry_tools import ROOT, http_get, start_sessions
 
-BOUNDED_LABELS = {"fragment", "learner", "node", "reason", "phase", "kind"}
+BOUNDED_LABELS = {"run", "fragment", "learner", "node", "holder", "reason", "phase", "kind"}
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +50,7 @@ def test_the_catalogue_has_unique_bounded_helpful_names():
     for spec in METRICS:
         assert re.fullmatch(r"gradientmail(_[a-z]+)+", spec.prometheus_name), spec
         assert set(spec.labels) <= BOUNDED_LABELS, f"{spec.name}: unbounded label"
+        assert spec.labels[0] == "run", f"{spec.name}: every series names its run"
         assert spec.help.strip().endswith("."), spec.name
         assert spec.prometheus_name.endswith("_total") == (spec.kind == "counter")
         if spec.unit == "s":
@@ -164,6 +165,64 @@ def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():
     assert not a.poll()  # its renewal fails: deposed
     assert a.poll()  # and it takes the released lease over
     assert a.takeovers == 1 and a.leases_expired == 0
+
+
+def test_lease_ages_are_judged_on_the_observers_clock(tmp_path):
+    """The lease-age gauge's readings: a learner lease's age since it last changed, the syncer
+    lease's since its holder renewed it (on the holder) or since it last changed (on the others)."""
+    store = RunStore(gm.FileMailbox(tmp_path / "box"))
+    spec, _ = join_run(
+        store, get_backend("numpy"), {"w": np.zeros(3, np.float32)}, RunProposal(gm.DiLoCo(), lease_ttl_s=10.0), "creator"
+    )
+    clock_a, clock_b = FakeClock(), FakeClock()
+    a = SyncerRuntime(store, get_backend("numpy"), spec, "a", poll_interval_s=0.2, clock=clock_a)
+    b = SyncerRuntime(store, get_backend("numpy"), spec, "b", poll_interval_s=0.2, clock=clock_b)
+    assert a.election.lease_age() is None and b.learner_lease_ages() == {}
+    lease = LearnerLease(store, "l0", 10.0)
+    lease.renew({})
+    a.run_once()
+    b.run_once()
+    assert a.election.is_leader and a.election.lease_age() == 0.0 and b.election.lease_age() == 0.0
+    clock_a.now += 2.0
+    clock_b.now += 3.0
+    assert a.election.lease_age() == 2.0 and b.election.lease_age() == 3.0
+    assert a.learner_lease_ages() == {"l0": 2.0} and b.learner_lease_ages() == {"l0": 3.0}
+    lease.renew({})
+    b.run_once()
+    assert b.learner_lease_ages() == {"l0": 0.0} and b.election.lease_age() == 3.0  # a has not renewed yet
+    a.run_once()  # 2 s is not yet a third of the TTL: no renewal
+    clock_a.now += 2.0
+    a.run_once()  # renews: a's age restarts, and b sees the new token on its next poll
+    b.run_once()
+    assert a.election.lease_age() == 0.0 and b.election.lease_age() == 0.0 and a.election.ttl_s == 10.0
+
+
+def test_every_series_carries_its_run_and_lease_ages_are_exported(tmp_path):
+    telemetry = gm.telemetry.configure(prometheus_port=0, prometheus_address="127.0.0.1", node="test-node")
+    assert telemetry.prometheus_address is not None
+    url = f"http://127.0.0.1:{telemetry.prometheus_address[1]}/metrics"
+    store = RunStore(gm.FileMailbox(tmp_path / "box"))
+    run = start_sessions(gm.FileMailbox(tmp_path / "box"), ["a", "b"], steps=150)
+    samples: list = []
+    ours = ""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # sessions of earlier tests may linger in this process: their own runs
+        manifest = store.read_manifest()
+        ours = manifest.run_id if manifest is not None else ""
+        samples = [
+            s for f in text_string_to_metric_families(http_get(url)) if f.name.startswith("gradientmail_") for s in f.samples
+        ]
+        kinds = {s.labels["kind"] for s in samples if s.name == "gradientmail_lease_age_seconds" and s.labels["run"] == ours}
+        if {"learner", "syncer"} <= kinds:
+            break
+        time.sleep(0.1)
+    run.join()
+    runs = {s.labels.get("run") for s in samples}
+    assert ours in runs and None not in runs and "" not in runs
+    ages = [s for s in samples if s.name == "gradientmail_lease_age_seconds" and s.labels["run"] == ours]
+    assert {s.labels["kind"] for s in ages} == {"learner", "syncer"}
+    assert {s.labels["holder"] for s in ages} <= {"a", "b"} and all(0 <= s.value < 1.0 for s in ages)
+    assert {s.value for s in samples if s.name == "gradientmail_lease_ttl_seconds" and s.labels["run"] == ours} == {1.0}
 
 
 def test_round_phases_partition_the_round():

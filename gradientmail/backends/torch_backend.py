@@ -1,4 +1,11 @@
-"""PyTorch backend: models are ``torch.nn.Module``s; tensors may live on any device."""
+"""PyTorch backend: models are ``torch.nn.Module``s; tensors may live on any device.
+
+Tensors decoded from the mailbox are host (CPU) tensors, while a learner's parameters may
+live on a GPU: arithmetic on two tensors on different devices runs on the accelerator's,
+NumPy conversion always goes through host memory, and writing a parameter moves the value
+to that parameter's device and dtype. MPS has no float64, so norms of MPS tensors are
+taken on the host.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +46,15 @@ _BIT_VIEWS: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
 _FROM_NUMPY_VIEWS = {np_dtype: (int_dtype, t_dtype) for t_dtype, (int_dtype, np_dtype) in _BIT_VIEWS.items()}
 
 
+def _on_one_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both operands on one device: unchanged when they share one, else on the one that is not
+    the CPU (a learner's host anchor against its live GPU parameters computes on the GPU)."""
+    if a.device == b.device:
+        return a, b
+    device = b.device if a.device.type == "cpu" else a.device
+    return a.to(device), b.to(device)
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -49,16 +65,21 @@ class TorchBackend(Backend):
         return tensor.detach().to(torch.float32, copy=True)
 
     def norm(self, tensor: torch.Tensor) -> float:
-        return float(torch.linalg.vector_norm(tensor.detach(), dtype=torch.float64))
+        tensor = tensor.detach()
+        if tensor.device.type == "mps":  # MPS has no float64 to accumulate in
+            tensor = tensor.cpu()
+        return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
 
     def scale(self, tensor: torch.Tensor, factor: float) -> torch.Tensor:
         return tensor.detach().to(torch.float32) * factor
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a.detach().to(torch.float32) + b.detach().to(torch.float32)
+        a, b = _on_one_device(a.detach(), b.detach())
+        return a.to(torch.float32) + b.to(torch.float32)
 
     def sub(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a.detach().to(torch.float32) - b.detach().to(torch.float32)
+        a, b = _on_one_device(a.detach(), b.detach())
+        return a.to(torch.float32) - b.to(torch.float32)
 
     def zeros_like(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(tensor, dtype=torch.float32)

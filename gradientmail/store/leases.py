@@ -51,6 +51,11 @@ class LeaseObserver:
         sighting = self._sightings.get(key)
         return 0.0 if sighting is None else self._clock() - sighting.first_seen
 
+    def age(self, key: str) -> float | None:
+        """Seconds since the lease at ``key`` was last seen to change; None if never seen (read-only)."""
+        sighting = self._sightings.get(key)
+        return None if sighting is None else self._clock() - sighting.first_seen
+
 
 def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
     """Learners whose lease has not expired in ``observer``'s judgement."""

@@ -61,6 +61,14 @@ class Election:
     def is_leader(self) -> bool:
         return self._token is not None
 
+    def lease_age(self) -> float | None:
+        """Seconds since the syncer lease last changed as this node judges it (for telemetry): since
+        its own last renewal while it holds the lease, else since it last saw the lease's token
+        change; None before it has read the lease."""
+        if self._token is not None:
+            return self._clock() - self._renewed_at
+        return self._observer.age(keys.SYNCER_LEASE)
+
     def holds_for(self, seconds: float) -> bool:
         """Whether this node holds the lease and will for at least ``seconds`` more, even if no
         renewal lands meanwhile (checked before committing, so a cut-off holder stops early)."""

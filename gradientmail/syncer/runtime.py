@@ -339,12 +339,15 @@ class SyncerRuntime:
             return
         record = stored.record
         log.info(
-            "node %s committed fragment %d version %d (%d merged, %d rejected)",
+            "node %s committed fragment %d version %d (%d merged, %d rejected) quorum wait %.2fs grace %.2fs sync %.2fs",
             self.node_id,
             fragment,
             record.version,
             len(participants),
             len(current.rejected),
+            record.timing.quorum_wait_s,
+            record.timing.grace_s,
+            record.timing.sync_s,
         )
         self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
         for a in accepted:
@@ -450,6 +453,10 @@ class SyncerRuntime:
     def committed(self) -> dict[int, RoundRecord]:
         """The newest committed round record of each fragment, as this node tracks it while elected."""
         return {fragment: view.record for fragment, view in list(self._views.items())}
+
+    def learner_lease_ages(self) -> dict[str, float]:
+        """Seconds since each live learner's lease last changed, on this node's clock (for telemetry)."""
+        return {learner: self._observer.unchanged_for(keys.learner_lease(learner)) for learner in dict(self.live)}
 
     def _count_expired(self, previous: dict[str, Lease]) -> None:
         """Count learners that left the live set because their lease went unrenewed for a TTL

@@ -6,8 +6,9 @@ so a name lives here and nowhere else. Names follow OpenTelemetry (dotted, UCUM 
 :attr:`MetricSpec.prometheus_name` is what the Prometheus endpoint exposes (dots become
 underscores, the unit becomes a suffix, counters end in ``_total``).
 
-Labels are bounded: fragments, learner and node ids (tens per run), fixed reason, phase and
-kind vocabularies. Never a key or a version.
+Labels are bounded: the run id (every series carries ``run``, so runs sharing a Prometheus are
+told apart), fragments, learner and node ids (tens per run), fixed reason, phase and kind
+vocabularies. Never a key or a version.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ PHASES = ("collect", "quorum_wait", "grace", "merge", "outer_step", "commit")
 REJECTION_REASONS: tuple[str, ...] = typing.get_args(Rejection.model_fields["reason"].annotation)
 """Every value of the ``reason`` label: the protocol's rejection reasons."""
 LEASE_KINDS = ("learner", "syncer")
+RUN_LABEL = "run"
+"""The label every series carries: the run id from the run's manifest."""
 
 SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Histogram bounds for round and phase durations: milliseconds (merges) to minutes (collect)."""
@@ -41,6 +44,7 @@ class MetricSpec:
     unit: str
     """UCUM unit; ``{thing}`` annotations carry no suffix."""
     labels: tuple[str, ...]
+    """Every label of the series, ``run`` first."""
     help: str
 
     @property
@@ -54,7 +58,7 @@ class MetricSpec:
 
 
 def _spec(name: str, kind: Kind, unit: str, labels: tuple[str, ...], help: str) -> MetricSpec:
-    return MetricSpec(name, kind, unit, labels, help)
+    return MetricSpec(name, kind, unit, (RUN_LABEL, *labels), help)
 
 
 F, L, N = ("fragment",), ("learner",), ("node",)
@@ -154,6 +158,15 @@ LEASE_EXPIRATIONS = _spec(
     "Leases this node saw expire unreleased (a learner or the syncer died or lost the mailbox); "
     "every node watches every lease, so aggregate with max, not sum.",
 )
+LEASE_AGE = _spec(
+    "gradientmail.lease.age",
+    "gauge",
+    "s",
+    ("kind", "holder", *N),
+    "Seconds since each live lease (the syncer's, each learner's) last changed, as this node judges it; "
+    "the lease expires when this reaches the run's TTL.",
+)
+LEASE_TTL = _spec("gradientmail.lease.ttl", "gauge", "s", N, "The run's lease TTL in seconds, as this node applies it.")
 SYNCER_LEADER = _spec("gradientmail.syncer.leader", "gauge", "1", N, "1 while this node holds the syncer lease, else 0.")
 SYNCER_TERM = _spec(
     "gradientmail.syncer.term", "gauge", "{term}", N, "Election term of the syncer lease as this node last saw it."

@@ -41,18 +41,21 @@ class MetricsRecorder:
         self.syncer_fetched = self._counter(c.SYNCER_FETCHED)
         self.syncer_published = self._counter(c.SYNCER_PUBLISHED)
         self._observe(
-            c.ROUND_PARTICIPANTS, lambda: ((len(record.participants), _fragment(f)) for f, record in _newest_records().items())
+            c.ROUND_PARTICIPANTS,
+            lambda: ((len(record.participants), _fragment(run, f)) for (run, f), record in _newest_records().items()),
         )
         self._observe(
             c.CONTRIBUTION_WEIGHT,
             lambda: (
-                (p.weight, {**_fragment(f), "learner": p.learner})
-                for f, record in _newest_records().items()
+                (p.weight, {**_fragment(run, f), "learner": p.learner})
+                for (run, f), record in _newest_records().items()
                 for p in record.participants
             ),
         )
         self._observe(c.CONTRIBUTION_WEIGHT_RATIO, _weight_ratios)
-        self._observe(c.FRAGMENT_VERSION, lambda: ((record.version, _fragment(f)) for f, record in _newest_records().items()))
+        self._observe(
+            c.FRAGMENT_VERSION, lambda: ((record.version, _fragment(run, f)) for (run, f), record in _newest_records().items())
+        )
         self._observe(c.LEARNER_VERSION_LAG, _version_lags)
         self._observe(c.LEARNERS_LIVE, _live_learners)
         self._observe(
@@ -61,11 +64,13 @@ class MetricsRecorder:
                 item
                 for r in hooks.syncers()
                 for item in (
-                    (r.learner_leases_expired, {"kind": "learner", "node": r.node_id}),
-                    (r.election.leases_expired, {"kind": "syncer", "node": r.node_id}),
+                    (r.learner_leases_expired, {**_node(r), "kind": "learner"}),
+                    (r.election.leases_expired, {**_node(r), "kind": "syncer"}),
                 )
             ),
         )
+        self._observe(c.LEASE_AGE, _lease_ages)
+        self._observe(c.LEASE_TTL, _per_node(lambda r: r.election.ttl_s))
         self._observe(c.SYNCER_LEADER, _per_node(lambda r: int(r.election.is_leader)))
         self._observe(c.SYNCER_TERM, _per_node(lambda r: r.election.term))
         self._observe(c.SYNCER_ELECTIONS, _per_node(lambda r: r.election.elections_won))
@@ -79,7 +84,7 @@ class MetricsRecorder:
         self._observe(
             c.LEARNER_FRAGMENT_VERSION,
             lambda: (
-                (version, {"learner": s.learner_id, **_fragment(f)})
+                (version, {**_learner(s), "fragment": str(f)})
                 for s in hooks.sessions()
                 for f, version in enumerate(list(s.stats.versions))
             ),
@@ -92,14 +97,14 @@ class MetricsRecorder:
         """Start every per-fragment counter at 0, so dashboards and alerts see the series from the
         first scrape instead of only after the first rejection or commit."""
         for fragment in range(len(runtime.spec.fragments)):
-            labels = _fragment(fragment)
+            labels = _fragment(_run_id(runtime), fragment)
             for counter in (self.rounds_committed, self.grace_contributions, self.syncer_fetched, self.syncer_published):
                 counter.add(0, labels)
             for reason in c.REJECTION_REASONS:
                 self.rejected.add(0, {**labels, "reason": reason})
 
     def round_committed(self, runtime: Any, fragment: int, record: RoundRecord, phases: hooks.RoundPhases) -> None:
-        labels = _fragment(fragment)
+        labels = _fragment(_run_id(runtime), fragment)
         self.rounds_committed.add(1, labels)
         self.round_duration.record(max(0.0, phases.committed_at - phases.opened_at), labels)
         durations = phases.durations()
@@ -168,59 +173,92 @@ class MetricsRecorder:
         create(spec.name, callbacks=[callback], unit=spec.unit, description=spec.help)
 
 
-def _fragment(fragment: int) -> dict[str, str]:
-    return {"fragment": str(fragment)}
+def _run_id(owner: Any) -> str:
+    """The run id of a syncer runtime or session (the ``run`` label): its manifest's."""
+    spec = owner.spec
+    return str(spec.manifest.run_id) if spec is not None else ""
+
+
+def _fragment(run: str, fragment: int) -> dict[str, str]:
+    return {c.RUN_LABEL: run, "fragment": str(fragment)}
+
+
+def _learner(session: Any) -> dict[str, str]:
+    return {c.RUN_LABEL: _run_id(session), "learner": session.learner_id}
+
+
+def _node(runtime: Any) -> dict[str, str]:
+    return {c.RUN_LABEL: _run_id(runtime), "node": runtime.node_id}
 
 
 def _per_learner(value: Callable[[Any], float]) -> Reading:
-    return lambda: ((value(s), {"learner": s.learner_id}) for s in hooks.sessions())
+    return lambda: ((value(s), _learner(s)) for s in hooks.sessions())
 
 
 def _per_node(value: Callable[[Any], float]) -> Reading:
-    return lambda: ((value(r), {"node": r.node_id}) for r in hooks.syncers())
+    return lambda: ((value(r), _node(r)) for r in hooks.syncers())
+
+
+def _lease_ages() -> Iterable[tuple[float, dict[str, str]]]:
+    """Each lease's age as each syncer runtime judges it: the syncer lease's, and every live learner's."""
+    for runtime in hooks.syncers():
+        node = _node(runtime)
+        age = runtime.election.lease_age()
+        if age is not None:
+            yield age, {**node, "kind": "syncer", "holder": runtime.election.holder or ""}
+        for learner, learner_age in runtime.learner_lease_ages().items():
+            yield learner_age, {**node, "kind": "learner", "holder": learner}
 
 
 def _leaders() -> list[Any]:
     return [r for r in hooks.syncers() if r.election.is_leader]
 
 
-def _newest_records() -> dict[int, RoundRecord]:
-    """The newest committed record per fragment known to an elected runtime in this process."""
-    newest: dict[int, RoundRecord] = {}
+def _newest_records() -> dict[tuple[str, int], RoundRecord]:
+    """The newest committed record per (run, fragment) known to an elected runtime in this process."""
+    newest: dict[tuple[str, int], RoundRecord] = {}
     for runtime in _leaders():
+        run = _run_id(runtime)
         for fragment, record in runtime.committed().items():
-            if fragment not in newest or record.version > newest[fragment].version:
-                newest[fragment] = record
+            if (run, fragment) not in newest or record.version > newest[(run, fragment)].version:
+                newest[(run, fragment)] = record
     return newest
 
 
 def _weight_ratios() -> Iterable[tuple[float, dict[str, str]]]:
-    for fragment, record in _newest_records().items():
+    for (run, fragment), record in _newest_records().items():
         total = sum(p.weight for p in record.participants)
         for participant in record.participants:
             share = participant.weight / total if total > 0 else 0.0
-            yield share, {**_fragment(fragment), "learner": participant.learner}
+            yield share, {**_fragment(run, fragment), "learner": participant.learner}
 
 
 def _live_learners() -> Iterable[tuple[float, dict[str, str]]]:
-    leaders = _leaders()
-    if leaders:
-        yield max(len(r.live) for r in leaders), {}
+    live: dict[str, int] = {}
+    for runtime in _leaders():
+        run = _run_id(runtime)
+        live[run] = max(live.get(run, 0), len(runtime.live))
+    for run, count in live.items():
+        yield count, {c.RUN_LABEL: run}
 
 
 def _version_lags() -> Iterable[tuple[float, dict[str, str]]]:
     """Newest commit minus the version each live learner reports in its lease."""
     newest = _newest_records()
-    seen: set[str] = set()
+    seen: set[tuple[str, str]] = set()
     for runtime in _leaders():
+        run = _run_id(runtime)
         for learner, lease in dict(runtime.live).items():
-            if learner in seen:
+            if (run, learner) in seen:
                 continue
-            seen.add(learner)
+            seen.add((run, learner))
             reported = _reported_versions(lease.info.get("versions"))
             for fragment, version in enumerate(reported):
-                if fragment in newest:
-                    yield max(0, newest[fragment].version - version), {"learner": learner, **_fragment(fragment)}
+                if (run, fragment) in newest:
+                    yield (
+                        max(0, newest[(run, fragment)].version - version),
+                        {**_fragment(run, fragment), "learner": learner},
+                    )
 
 
 def _reported_versions(text: object) -> list[int]:

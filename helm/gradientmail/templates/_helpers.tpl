@@ -39,9 +39,21 @@ app.kubernetes.io/component: mailbox
 {{- end -}}
 {{- end -}}
 
+{{/* The learner image: [registry/]repository:tag, the tag <appVersion>-<flavor> unless given
+(flavor "" is cuda when learners request GPUs, else cpu), or repository@digest. */}}
+{{- define "gradientmail.flavor" -}}
+{{- .Values.image.flavor | default (ternary "cuda" "cpu" (gt (int .Values.gpu.count) 0)) -}}
+{{- end -}}
+
 {{- define "gradientmail.image" -}}
-{{- $tag := .Values.image.tag | default (ternary "cuda" "cpu" (gt (int .Values.gpu.count) 0)) -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- $repository := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- $tag := .Values.image.tag | default (printf "%s-%s" .Chart.AppVersion (include "gradientmail.flavor" .)) -}}
+{{- printf "%s:%s" $repository $tag -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "gradientmail.minioName" -}}
