@@ -7,6 +7,8 @@ gradientmail audit <mailbox-url>    (chains, signatures, blobs, replays; exit 1 
 gradientmail keygen [--out FILE]    (a fresh run key, printed or written to FILE once)
 gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py;
                           `gradientmail node --help` lists every variable with its default)
+gradientmail minio-setup [--mailbox URL] --out DIR   (bucket, lifecycle, a user scoped to the run's prefix
+                          on MinIO, with its root keys from MINIO_ROOT_*; see gradientmail/minio_setup.py)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
 gradientmail --version
 """
@@ -20,6 +22,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 
+from gradientmail import minio_setup
 from gradientmail._version import __version__
 from gradientmail.audit import audit_run
 from gradientmail.backends import get_backend, payload
@@ -218,6 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog=node_help_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    minio_parser = commands.add_parser(
+        "minio-setup",
+        help="create the run's bucket, lifecycle rule and a MinIO user scoped to its prefix; write that user's keys",
+        description=minio_setup.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    minio_setup.add_arguments(minio_parser)
     commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
     args = parser.parse_args(argv)
     if args.command in ("node", "health"):
@@ -233,6 +243,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return audit(args.mailbox)
         elif args.command == "keygen":
             return keygen(args.out)
+        elif args.command == "minio-setup":
+            return minio_setup.run(args)
         else:
             return replay(args.mailbox, args.fragment, args.version)
     except GradientMailError as exc:

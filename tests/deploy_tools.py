@@ -19,8 +19,8 @@ RUN_ENV = ROOT / "docker" / "run.env"
 DOCKERFILES = {"cpu": ROOT / "docker" / "cpu.Dockerfile", "cuda": ROOT / "docker" / "cuda.Dockerfile"}
 CHART = ROOT / "helm" / "gradientmail"
 SETTINGS_FIELDS = frozenset(NodeSettings.model_fields)
-STANDARD_VARIABLES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "HOME"})
-"""Variables a learner may be given besides GRADIENTMAIL_*: boto3's credentials, HOME."""
+STANDARD_VARIABLES = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SHARED_CREDENTIALS_FILE", "HOME"})
+"""Variables a learner may be given besides GRADIENTMAIL_*: boto3's credentials (or the file holding them), HOME."""
 RUN_KEY_VARIABLES = frozenset({"GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"})
 """The run key (the secret records are signed with) or the path of a file holding it: a secret,
 not a run setting, so the kit gives it from a Secret or a volume, never as a literal value."""

@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gradientmail/__init__.py",
             "gradientmail/cli.py",
             "gradientmail/audit.py",
+            "gradientmail/minio_setup.py",
             "gradientmail/node.py",
             "gradientmail/settings.py",
         ),

@@ -199,12 +199,86 @@ def test_run_env_holds_only_settings():
     _settings_from({"GRADIENTMAIL_MAILBOX": "memory://", **env}).algorithm()
 
 
-def test_the_bucket_init_creates_the_bucket_the_learners_use():
+def test_minio_setup_prepares_the_learners_run_and_writes_their_scoped_keys():
     compose = load_compose()
-    mailbox = learner_environment(compose["services"]["learner-1"])["GRADIENTMAIL_MAILBOX"]
-    bucket = mailbox.split("://", 1)[1].split("/", 1)[0]
-    assert f"local/{bucket}" in " ".join(compose["services"]["bucket-init"]["command"])
-    assert compose["services"]["learner-1"]["depends_on"]["bucket-init"]["condition"] == "service_completed_successfully"
+    services = compose["services"]
+    setup = services["minio-setup"]
+    learners = learner_services(compose)
+    assert setup["image"] == services["learner-1"]["image"] and setup["command"][0] == "minio-setup"
+    assert "entrypoint" not in setup and setup["restart"] == "no"
+    assert setup["depends_on"]["minio"] == {"condition": "service_healthy"}
+    out = setup["command"][setup["command"].index("--out") + 1]
+    (run_key_volume,) = [v for v, (target, _) in _volume_mounts(setup).items() if target == out]
+    assert _volume_mounts(setup)[run_key_volume] == (out, "rw")
+    # the root keys: files MinIO itself reads (MINIO_ROOT_*_FILE), in a volume the learners never mount
+    root_files = {name: setup["environment"][name] for name in ("MINIO_ROOT_USER_FILE", "MINIO_ROOT_PASSWORD_FILE")}
+    assert root_files == {name: services["minio"]["environment"][name] for name in root_files}
+    (root_volume,) = [v for v, (target, _) in _volume_mounts(setup).items() if target == "/secrets/minio"]
+    assert _volume_mounts(services["minio"])[root_volume] == ("/secrets/minio", "ro")
+    for name, service in learners.items():
+        env = learner_environment(service)
+        assert env["GRADIENTMAIL_MAILBOX"] == setup["environment"]["GRADIENTMAIL_MAILBOX"], name
+        assert service["depends_on"]["minio-setup"] == {"condition": "service_completed_successfully"}, name
+        # only the scoped user's keys, from the file minio-setup writes; never MinIO's root keys
+        assert env["AWS_SHARED_CREDENTIALS_FILE"] == f"{out}/storage.credentials", name
+        assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(env), name
+        assert not [k for k, v in env.items() if "MINIO_ROOT" in k or "MINIO_ROOT" in v], name
+        assert root_volume not in _volume_mounts(service), name
+        assert _volume_mounts(service)[run_key_volume] == (out, "ro"), name
+
+
+def test_compose_has_no_literal_password():
+    text = COMPOSE.read_text()
+    assert "gradientmail-secret" not in text
+    # every ${NAME:-default} of a secret has an empty default: the value comes from .env or nowhere
+    for name, default in re.findall(r"\$\{([A-Z_]+):-([^}]*)\}", text):
+        if re.search(r"PASSWORD|SECRET|ROOT_USER|_KEY", name):
+            assert default == "", f"{name} has a default {default!r}"
+    for service_name, service in load_compose()["services"].items():
+        environment = service.get("environment", {})
+        for name, value in environment.items():
+            if re.search(r"PASSWORD|SECRET|ROOT_USER|ACCESS_KEY", name):
+                value = str(value)
+                assert name.endswith("_FILE") or (value.startswith("${") and value.endswith(":-}")), (service_name, name)
+                assert value.startswith(("/", "${")), (service_name, name)
+
+
+def test_compose_generates_the_root_and_grafana_credentials_unless_dotenv_gives_them():
+    services = load_compose()["services"]
+    credentials = services["credentials"]
+    command = " ".join(credentials["command"])
+    assert credentials["command"][:2] == ["minio-setup", "--init-secrets"] and credentials["restart"] == "no"
+    assert credentials["network_mode"] == "none"
+    assert "--minio-secrets=/secrets/minio" in command and "--grafana-secrets=/secrets/grafana" in command
+    assert credentials["environment"] == {
+        "MINIO_ROOT_USER": "${MINIO_ROOT_USER:-}",
+        "MINIO_ROOT_PASSWORD": "${MINIO_ROOT_PASSWORD:-}",
+        "GRAFANA_ADMIN_PASSWORD": "${GRAFANA_ADMIN_PASSWORD:-}",
+    }
+    for reader in ("minio", "grafana"):
+        assert services[reader]["depends_on"]["credentials"] == {"condition": "service_completed_successfully"}
+    assert services["minio"]["environment"]["MINIO_ROOT_PASSWORD_FILE"] == "/secrets/minio/root-password"
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD__FILE"] == "/secrets/grafana/admin-password"
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false" and "GF_SECURITY_ADMIN_PASSWORD" not in grafana
+    # the files the one shot writes (gradientmail/minio_setup.py), where MinIO and Grafana read them
+    assert _volume_mounts(services["grafana"])["grafana-admin"] == ("/secrets/grafana", "ro")
+    assert _volume_mounts(credentials) == {"minio-root": ("/secrets/minio", "rw"), "grafana-admin": ("/secrets/grafana", "rw")}
+
+
+PUBLISHED_ON_ALL_INTERFACES = {("minio", "9000")}
+"""MinIO's S3 port, for learners on other machines; every other port is bound to 127.0.0.1."""
+NOT_YET_LOOPBACK = {("prometheus", "9090")}
+"""The prometheus service is another change's (the podman check); bind it to 127.0.0.1 there."""
+
+
+def test_published_ports_are_bound_to_loopback_except_s3():
+    for name, service in load_compose()["services"].items():
+        for port in service.get("ports", []):
+            parts = str(port).split(":")
+            if (name, parts[-2]) in PUBLISHED_ON_ALL_INTERFACES | NOT_YET_LOOPBACK:
+                continue
+            assert len(parts) == 3 and parts[0] == "127.0.0.1", f"{name} publishes {port} on every interface"
 
 
 def _volume_mounts(service: dict[str, Any]) -> dict[str, tuple[str, str]]:
@@ -230,7 +304,7 @@ def test_the_run_key_is_generated_once_and_every_learner_reads_it():
     assert key_file.rsplit("/", 1)[0] == target and mode == "rw"
     assert volume in compose["volumes"] and keygen["restart"] == "no"
     assert keygen["network_mode"] == "none", "the one shot needs no network"
-    assert set(image_services(compose)) == set(learners) | {"keygen"}
+    assert set(image_services(compose)) == set(learners) | {"keygen", "minio-setup", "credentials"}
     for name, service in learners.items():
         env = learner_environment(service)
         assert env["GRADIENTMAIL_RUN_KEY_FILE"] == key_file, name
@@ -241,7 +315,7 @@ def test_the_run_key_is_generated_once_and_every_learner_reads_it():
         dockerfile = ROOT / service["build"]["dockerfile"]
         assert target in _runtime_user_dirs(dockerfile), f"{name}: {dockerfile.name} lacks {target}"
     for name, service in services.items():
-        if name != "keygen" and name not in learners:
+        if name not in ("keygen", "minio-setup") and name not in learners:  # minio-setup writes the storage keys there
             assert volume not in _volume_mounts(service), f"{name} has no business with the run key"
 
 
@@ -313,8 +387,8 @@ def test_the_compose_header_documents_ports_and_credentials():
     header = COMPOSE.read_text().split("x-learner")[0]
     for service in compose["services"].values():
         for port in service.get("ports", []):
-            assert port.split(":")[0] in header
-    for secret in ("gradientmail-secret", "MINIO_ROOT_USER", "GRAFANA_ADMIN_PASSWORD", "--scale", "run key", "keygen"):
+            assert port.split(":")[-2] in header
+    for secret in ("MINIO_ROOT_USER", "GRAFANA_ADMIN_PASSWORD", ".env", "minio-setup", "--scale", "run key", "keygen"):
         assert secret in header
 
 

@@ -315,8 +315,18 @@ def test_the_apple_host_runner_joins_a_mixed_run_with_the_containers_settings(s3
 
 def test_the_apple_host_runner_takes_the_compose_run_settings(tmp_path):
     env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    shown = subprocess.run(
+    keys = tmp_path / "storage.env"  # what compose's minio-setup writes for the learners
+    keys.write_text("AWS_ACCESS_KEY_ID=gradientmail-learner\nAWS_SECRET_ACCESS_KEY=scoped-secret\n")
+    refused = subprocess.run(
         [str(ROOT / "scripts/apple-learner"), "--compose-host", "studio.local", "--print-config"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert refused.returncode == 2 and "no storage keys" in refused.stderr  # never MinIO's root keys
+    shown = subprocess.run(
+        [str(ROOT / "scripts/apple-learner"), "--compose-host", "studio.local", "--credentials", str(keys), "--print-config"],
         env=env,
         capture_output=True,
         text=True,
@@ -332,5 +342,5 @@ def test_the_apple_host_runner_takes_the_compose_run_settings(tmp_path):
     for name, value in compose_env.items():
         if name.startswith("GRADIENTMAIL_") and name != "GRADIENTMAIL_MAILBOX" and name not in RUN_KEY_VARIABLES:
             assert config[name] == value, name  # the run key comes from the Mac's own file (docs/deploy.md)
-    assert config["AWS_ACCESS_KEY_ID"] == "gradientmail" and config["AWS_SECRET_ACCESS_KEY"] == "***"
-    assert "${MINIO_ROOT_PASSWORD:-gradientmail-secret}" in compose_env["AWS_SECRET_ACCESS_KEY"]
+    assert config["AWS_ACCESS_KEY_ID"] == "gradientmail-learner" and config["AWS_SECRET_ACCESS_KEY"] == "***"
+    assert not any(name.startswith("MINIO_ROOT") for name in compose_env)

@@ -504,8 +504,12 @@ def test_minio_mailbox_is_an_s3_mailbox(s3_server: S3Server) -> None:
         with pytest.raises(ObjectTooLarge):
             mailbox.get("k", max_bytes=0)
         assert mailbox.url == f"minio://{host}/{s3_server.bucket}/{prefix}?secure=false"
-        with_keys = f"minio://{s3_server.access_key}:{s3_server.secret_key}@{host}/{s3_server.bucket}/{prefix}?secure=false"
-        other = open_mailbox(with_keys)
+        with pytest.MonkeyPatch.context() as env:  # keys come from the environment, never the URL
+            env.setenv("MINIO_ACCESS_KEY", s3_server.access_key)
+            env.setenv("MINIO_SECRET_KEY", s3_server.secret_key)
+            for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SHARED_CREDENTIALS_FILE"):
+                env.delenv(name, raising=False)
+            other = open_mailbox(f"minio://{host}/{s3_server.bucket}/{prefix}?secure=false")
         assert isinstance(other, MinioMailbox)
         assert other.get("k") == b"v"
         assert s3_server.secret_key not in other.url

@@ -71,7 +71,7 @@ def test_s3_mailbox_url_from_constructor() -> None:
 
 
 def test_minio_url() -> None:
-    mailbox = open_mailbox("minio://key:secret@minio.local:9000/bucket/runs/a?secure=false")
+    mailbox = open_mailbox("minio://minio.local:9000/bucket/runs/a?secure=false")
     assert isinstance(mailbox, MinioMailbox)
     assert mailbox.url == "minio://minio.local:9000/bucket/runs/a?secure=false"
     assert mailbox.endpoint == "http://minio.local:9000"
@@ -96,7 +96,11 @@ def test_minio_url() -> None:
         ("memory://a/b", "memory://name"),
         ("memory://bad name", "memory name"),
         ("minio://host:9000", "names no bucket"),
-        ("minio://user:hunter2@:9000/b", "names no host"),
+        ("minio://user:hunter2@:9000/b", "no credentials in the URL"),
+        ("minio://user:hunter2@minio.local:9000/b/runs/a", "MINIO_ACCESS_KEY/MINIO_SECRET_KEY"),
+        ("minio://user@minio.local:9000/b", "AWS_ACCESS_KEY_ID"),
+        ("s3://key:hunter2@bucket/x", "AWS_ACCESS_KEY_ID"),
+        ("minio://:9000/b", "names no host"),
         ("s3://bucket/x#frag", "fragment"),
     ],
 )
@@ -105,3 +109,21 @@ def test_bad_urls_are_invalid_config(url: str, words: str) -> None:
         open_mailbox(url)
     assert words in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+def test_minio_mailbox_takes_credentials_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.setenv("MINIO_ACCESS_KEY", "scoped-user")
+    monkeypatch.setenv("MINIO_SECRET_KEY", "hunter2")
+    mailbox = open_mailbox("minio://minio.local:9000/bucket/runs/a?secure=false")
+    assert isinstance(mailbox, MinioMailbox)
+    assert mailbox._credentials[:2] == ("scoped-user", "hunter2")
+    assert "hunter2" not in mailbox.url
+    explicit = MinioMailbox("minio.local:9000", "given", "given-secret", "bucket", secure=False)
+    assert explicit._credentials[:2] == ("given", "given-secret")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "aws-user")  # boto3's chain (AWS_*) comes first
+    assert open_mailbox("minio://minio.local:9000/bucket")._credentials[:2] == (None, None)  # type: ignore[attr-defined]
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("MINIO_SECRET_KEY")
+    with pytest.raises(InvalidConfig, match="MINIO_SECRET_KEY"):
+        open_mailbox("minio://minio.local:9000/bucket")

@@ -1,7 +1,10 @@
 #!/bin/sh
 # weed mini (master, volume, filer and S3 in one process) with one identity: MinIO's root
-# user and password, so compose's learners and bucket-init use it unchanged.
+# user and password, read from the files compose names (MINIO_ROOT_USER_FILE, _PASSWORD_FILE)
+# as MinIO reads them, or given directly.
 set -eu
+MINIO_ROOT_USER="${MINIO_ROOT_USER:-$(cat "${MINIO_ROOT_USER_FILE:?}")}"
+MINIO_ROOT_PASSWORD="${MINIO_ROOT_PASSWORD:-$(cat "${MINIO_ROOT_PASSWORD_FILE:?}")}"
 mkdir -p /home/seaweedfs/data /home/seaweedfs/conf
 cat > /home/seaweedfs/conf/s3.json <<JSON
 {"identities": [{"name": "root", "credentials": [{"accessKey": "${MINIO_ROOT_USER}", "secretKey": "${MINIO_ROOT_PASSWORD}"}],

@@ -3,6 +3,7 @@ conventions (path-style addressing, ``host:port`` endpoints, region ``us-east-1`
 
 from __future__ import annotations
 
+import os
 from urllib.parse import quote, urlsplit
 
 from gradientmail.errors import InvalidConfig
@@ -16,8 +17,12 @@ class MinioMailbox(S3Mailbox):
 
     Args:
         endpoint: ``host:port`` (scheme from ``secure``) or a full ``http(s)://`` URL.
-        access_key, secret_key: MinIO credentials; both None to use boto3's chain
-            (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, profiles).
+        access_key, secret_key: MinIO credentials; both None to take them from the
+            environment: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` (and the rest of
+            boto3's chain: ``AWS_SHARED_CREDENTIALS_FILE``, profiles), else
+            ``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``. Never MinIO's root keys: give a user
+            scoped to the run (``gradientmail minio-setup``, docs/security.md). A mailbox URL
+            never carries credentials.
         bucket, prefix: as for :class:`S3Mailbox`.
         secure: use https when ``endpoint`` has no scheme.
 
@@ -37,6 +42,11 @@ class MinioMailbox(S3Mailbox):
         region: str = "us-east-1",
         tuning: S3Tuning | None = None,
     ) -> None:
+        if access_key is None and secret_key is None and not os.environ.get("AWS_ACCESS_KEY_ID"):
+            access_key = os.environ.get("MINIO_ACCESS_KEY") or None
+            secret_key = os.environ.get("MINIO_SECRET_KEY") or None
+            if (access_key is None) != (secret_key is None):
+                raise InvalidConfig("MINIO_ACCESS_KEY", "set both MINIO_ACCESS_KEY and MINIO_SECRET_KEY, or neither")
         if "://" not in endpoint:
             endpoint = f"{'https' if secure else 'http'}://{endpoint}"
         parts = urlsplit(endpoint)

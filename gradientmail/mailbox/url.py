@@ -5,13 +5,18 @@ command lines and child processes.
 ``s3://bucket/prefix?endpoint=…&region=…&profile=…``   :class:`S3Mailbox` (also
                                                         ``addressing=path`` and every
                                                         :class:`S3Tuning` field)
-``minio://[key:secret@]host:port/bucket/prefix``        :class:`MinioMailbox` (``secure=false``
+``minio://host:port/bucket/prefix``                    :class:`MinioMailbox` (``secure=false``
                                                         for http, ``region=``, tuning fields)
 ``file:///absolute/path``                               :class:`FileMailbox` (``fsync=false``)
 ``memory://name``                                       the process-wide
                                                         :class:`MemoryMailbox` called
                                                         ``name``; ``memory://`` a fresh one
 =====================================================  =====================================
+
+Credentials are never part of a URL (URLs end up in logs, manifests, process lists): a URL with
+``user:password@`` is refused. S3 and MinIO take them from the environment
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_SHARED_CREDENTIALS_FILE``, a profile,
+the machine's role; for MinIO also ``MINIO_ACCESS_KEY``/``MINIO_SECRET_KEY``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,10 @@ from gradientmail.mailbox.s3 import S3Mailbox, S3Tuning
 __all__ = ["open_mailbox"]
 
 _FIELD = "mailbox url"
+_NO_CREDENTIALS = (
+    "takes no credentials in the URL; set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY "
+    "(or AWS_SHARED_CREDENTIALS_FILE, AWS_PROFILE{minio}) in the environment"
+)
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
@@ -55,7 +64,7 @@ def open_mailbox(url: str) -> Mailbox:
 
 def _open_s3(parts: SplitResult) -> Mailbox:
     if "@" in parts.netloc:
-        raise InvalidConfig(_FIELD, "s3:// URLs take no credentials; use a profile or AWS_* variables")
+        raise InvalidConfig(_FIELD, "an s3:// URL " + _NO_CREDENTIALS.format(minio=""))
     if not parts.netloc:
         raise InvalidConfig(_FIELD, f"{parts.geturl()!r} names no bucket (s3://bucket/prefix)")
     params = _params(parts)
@@ -70,6 +79,8 @@ def _open_s3(parts: SplitResult) -> Mailbox:
 
 
 def _open_minio(parts: SplitResult) -> Mailbox:
+    if "@" in parts.netloc:
+        raise InvalidConfig(_FIELD, "a minio:// URL " + _NO_CREDENTIALS.format(minio=", or MINIO_ACCESS_KEY/MINIO_SECRET_KEY"))
     if not parts.hostname:
         raise InvalidConfig(_FIELD, f"{_redacted(parts)!r} names no host (minio://host:port/bucket/prefix)")
     bucket, _, prefix = unquote(parts.path).lstrip("/").partition("/")
@@ -79,10 +90,7 @@ def _open_minio(parts: SplitResult) -> Mailbox:
     secure = _boolean(params.pop("secure", "true"), "secure")
     region = params.pop("region", "us-east-1")
     tuning = _tuning(params, parts)
-    host = parts.netloc.rpartition("@")[2]
-    access_key = unquote(parts.username) if parts.username else None
-    secret_key = unquote(parts.password) if parts.password else None
-    return MinioMailbox(host, access_key, secret_key, bucket, prefix.strip("/"), secure=secure, region=region, tuning=tuning)
+    return MinioMailbox(parts.netloc, None, None, bucket, prefix.strip("/"), secure=secure, region=region, tuning=tuning)
 
 
 def _open_file(parts: SplitResult) -> Mailbox:
