@@ -18,7 +18,9 @@ With MinIO's root credentials (``MINIO_ROOT_USER``/``MINIO_ROOT_PASSWORD``, or t
    credentials file, read through ``AWS_SHARED_CREDENTIALS_FILE``), both mode 0600.
 
 A second run changes nothing that is already right: the bucket is kept, the rule replaced by
-its id, the user keeps the secret found in ``storage.env``.
+its id, the user keeps the secret found in ``storage.env``. With ``--keys FILE`` (an env file
+like ``storage.env``, e.g. mounted from a Kubernetes Secret) the user gets exactly the secret
+in that file, set again on every run.
 
 ``gradientmail minio-setup --init-secrets`` is the step before MinIO starts (compose's
 ``credentials`` service): it writes MinIO's root user and password (and Grafana's admin
@@ -252,21 +254,23 @@ def _write_private(path: Path, text: str, owner: tuple[int, int] | None = None) 
         raise
 
 
-def _ensure_user(admin: _Admin, target: Target, user: str, out_dir: Path) -> tuple[str, bool]:
-    """The scoped user's secret (kept from ``storage.env`` when it is this user's) and whether
-    the user was created now."""
+def _ensure_user(admin: _Admin, target: Target, user: str, out_dir: Path, keys_file: Path | None = None) -> tuple[str, bool]:
+    """The scoped user's secret (kept from ``storage.env`` when it is this user's; from
+    ``keys_file`` when given, always set then) and whether the user was created now."""
     from minio.error import MinioAdminException
 
     name = policy_name(target)
     admin.policy_add(name, policy=learner_policy(target.bucket, target.prefix))
-    known = _read_env_file(out_dir / ENV_FILE)
-    secret = known.get("AWS_SECRET_ACCESS_KEY", "") if known.get("AWS_ACCESS_KEY_ID") == user else ""
+    known = _read_env_file(out_dir / ENV_FILE if keys_file is None else keys_file)
+    secret = known.get("AWS_SECRET_ACCESS_KEY", "").strip() if known.get("AWS_ACCESS_KEY_ID", "").strip() == user else ""
+    if keys_file is not None and not secret:
+        raise InvalidConfig("--keys", f"{keys_file} holds no AWS_SECRET_ACCESS_KEY for AWS_ACCESS_KEY_ID={user}")
     try:
         info = json.loads(admin.user_info(user))
         exists = True
     except MinioAdminException:
         info, exists = {}, False
-    if not exists or not secret:
+    if not exists or not secret or keys_file is not None:
         secret = secret or secrets.token_hex(20)
         admin.user_add(user, secret)  # creates the user, or sets a new secret when storage.env was lost
     attached = [p for p in str(info.get("policyName", "")).split(",") if p]
@@ -285,6 +289,7 @@ def setup(
     owner: tuple[int, int] | None = None,
     client: Minio | None = None,
     admin: _Admin | None = None,
+    keys_file: Path | None = None,
 ) -> SetupResult:
     """Steps 1-4 of the module's description against ``target``; ``client`` and ``admin``
     default to the SDK's, made from the root credentials."""
@@ -300,7 +305,7 @@ def setup(
         admin = MinioAdmin(endpoint=target.host, credentials=StaticProvider(root_user, root_password), secure=target.secure)
     created = _ensure_bucket(client, target.bucket)
     lifecycle = _ensure_lifecycle(client, target)
-    secret, user_created = _ensure_user(admin, target, user, out_dir)
+    secret, user_created = _ensure_user(admin, target, user, out_dir, keys_file)
     env_file, credentials_file = out_dir / ENV_FILE, out_dir / CREDENTIALS_FILE
     _write_private(env_file, f"AWS_ACCESS_KEY_ID={user}\nAWS_SECRET_ACCESS_KEY={secret}\n", owner)
     _write_private(credentials_file, f"[default]\naws_access_key_id = {user}\naws_secret_access_key = {secret}\n", owner)
@@ -368,6 +373,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help=f"directory for {ENV_FILE} and {CREDENTIALS_FILE} (mode 0600)")
     parser.add_argument("--owner", help="UID:GID to own the written files (when run as root)")
     parser.add_argument(
+        "--keys",
+        type=Path,
+        help=f"an env file like {ENV_FILE} (e.g. from a Kubernetes Secret) whose AWS_SECRET_ACCESS_KEY the user gets",
+    )
+    parser.add_argument(
         "--init-secrets",
         action="store_true",
         help="only write MinIO's root user/password (and Grafana's admin password) files and exit",
@@ -396,7 +406,9 @@ def run(args: argparse.Namespace) -> int:
     from urllib3.exceptions import HTTPError
 
     try:
-        result = setup(target, root_user, root_password, user=args.user, out_dir=args.out, owner=_owner(args.owner))
+        result = setup(
+            target, root_user, root_password, user=args.user, out_dir=args.out, owner=_owner(args.owner), keys_file=args.keys
+        )
     except GradientMailError:
         raise
     except (MinioException, MinioAdminException, HTTPError, OSError, ValueError) as exc:

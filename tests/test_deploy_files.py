@@ -495,7 +495,7 @@ def test_rendered_learners_get_only_known_settings_and_no_plain_secrets(value_se
     if not values.get("runKey", {}).get("existingSecret"):
         expected.add("gm-gradientmail-run-key")
     if values.get("minio", {}).get("enabled"):
-        expected.add("gm-gradientmail-minio")
+        expected |= {"gm-gradientmail-minio", "gm-gradientmail-minio-learner"}
     assert {d["metadata"]["name"] for d in documents if d["kind"] == "Secret"} == expected
 
 
@@ -591,16 +591,59 @@ def test_in_chart_minio_is_the_mailbox():
     assert env["GRADIENTMAIL_MAILBOX"]["value"].startswith(
         "s3://gradientmail/runs/onprem?endpoint=http://gm-gradientmail-minio:9000"
     )
-    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio", "key": "rootPassword"}
+    # the learners hold the scoped user's keys, never MinIO's root keys
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio-learner", "key": name}
+    learner_pods = [
+        d["spec"]["template"]["spec"]
+        for d in documents
+        if d["kind"] in ("StatefulSet", "Job") and d["metadata"]["name"] == "gm-gradientmail"
+    ]
+    assert learner_pods
+    for pod in learner_pods:
+        text = json.dumps(pod)
+        assert "rootPassword" not in text and "rootUser" not in text and '"gm-gradientmail-minio"' not in text
     names = {(d["kind"], d["metadata"]["name"]) for d in documents}
     assert {
         ("StatefulSet", "gm-gradientmail-minio"),
         ("Service", "gm-gradientmail-minio"),
         ("Secret", "gm-gradientmail-minio"),
+        ("Secret", "gm-gradientmail-minio-learner"),
         ("NetworkPolicy", "gm-gradientmail-minio"),
     } <= names
+    (learner_secret,) = [
+        d for d in documents if d["kind"] == "Secret" and d["metadata"]["name"] == "gm-gradientmail-minio-learner"
+    ]
+    assert learner_secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    keys = {k: base64.b64decode(v).decode() for k, v in learner_secret["data"].items()}
+    assert keys["AWS_ACCESS_KEY_ID"] == "gradientmail-learner" and len(keys["AWS_SECRET_ACCESS_KEY"]) == 40
+    assert (
+        keys["storage.env"] == f"AWS_ACCESS_KEY_ID=gradientmail-learner\nAWS_SECRET_ACCESS_KEY={keys['AWS_SECRET_ACCESS_KEY']}\n"
+    )
+    # the setup Job: the learner image, `gradientmail minio-setup` with the root keys, giving the
+    # user exactly the Secret's key (--keys)
     (job,) = [d for d in documents if d["kind"] == "Job"]
-    assert "mailbox/gradientmail" in job["spec"]["template"]["spec"]["containers"][0]["args"][0]
+    assert job["metadata"]["name"].startswith("gm-gradientmail-minio-setup-")
+    (setup,) = job["spec"]["template"]["spec"]["containers"]
+    assert setup["image"] == container["image"] and setup["args"][0] == "minio-setup"
+    assert "--user=gradientmail-learner" in setup["args"] and "--keys=/keys/storage.env" in setup["args"]
+    setup_env = {e["name"]: e for e in setup["env"]}
+    assert setup_env["GRADIENTMAIL_MAILBOX"] == env["GRADIENTMAIL_MAILBOX"]
+    assert setup_env["MINIO_ROOT_USER"]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio", "key": "rootUser"}
+    assert setup_env["MINIO_ROOT_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "gm-gradientmail-minio",
+        "key": "rootPassword",
+    }
+    (keys_volume,) = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "keys"]
+    assert keys_volume["secret"]["secretName"] == "gm-gradientmail-minio-learner"
+    # the MinIO NetworkPolicy lets the setup Job in
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "gm-gradientmail-minio"]
+    labels = job["spec"]["template"]["metadata"]["labels"]
+    assert any(
+        set(peer.get("podSelector", {}).get("matchLabels", {}).items()) <= set(labels.items())
+        for rule in policy["spec"]["ingress"]
+        for peer in rule["from"]
+    )
 
 
 def test_the_dashboards_and_rules_are_the_projects_files():

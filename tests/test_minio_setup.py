@@ -236,6 +236,36 @@ def test_setup_against_seaweedfs_is_idempotent(s3_server: S3Server, tmp_path, ca
     assert not third.user_created and _env(env_file)["AWS_SECRET_ACCESS_KEY"] == admin.users["gm-learner"]["secret"] != secret
 
 
+@pytest.mark.s3
+def test_setup_gives_the_user_the_secret_of_a_keys_file_every_time(s3_server: S3Server, tmp_path):
+    """The chart's setup Job: the user's secret is the one in the mounted Secret (--keys), set
+    again on each run, so a regenerated Secret is followed; a file without it is refused."""
+    host = s3_server.endpoint_url.removeprefix("http://")
+    target = Target(s3_server.endpoint_url, f"keys-{uuid.uuid4().hex[:12]}", "runs/chart")
+    client = Minio(host, s3_server.access_key, s3_server.secret_key, secure=False, region=s3_server.region)
+    admin = RecordingAdmin()
+    keys = tmp_path / "storage.env"
+    for secret in ("first-secret-0123456789abcdef", "second-secret-0123456789abcdef"):
+        keys.write_text(f"AWS_ACCESS_KEY_ID=gm-learner\nAWS_SECRET_ACCESS_KEY={secret}\n")
+        result = setup(
+            target, s3_server.access_key, s3_server.secret_key, user="gm-learner", out_dir=tmp_path / "out", client=client,
+            admin=admin, keys_file=keys,
+        )  # fmt: skip
+        assert admin.users["gm-learner"]["secret"] == secret == _env(result.files[0])["AWS_SECRET_ACCESS_KEY"]
+    keys.write_text("AWS_ACCESS_KEY_ID=someone-else\nAWS_SECRET_ACCESS_KEY=x\n")
+    with pytest.raises(InvalidConfig, match="--keys"):
+        setup(
+            target,
+            s3_server.access_key,
+            s3_server.secret_key,
+            user="gm-learner",
+            out_dir=tmp_path,
+            admin=admin,
+            client=client,
+            keys_file=keys,
+        )
+
+
 def test_setup_refuses_the_root_user_as_the_learners(tmp_path):
     with pytest.raises(InvalidConfig, match="root"):
         setup(Target("http://127.0.0.1:1", "b", "p"), "root", "pw", user="root", out_dir=tmp_path, admin=RecordingAdmin())

@@ -64,6 +64,11 @@ app.kubernetes.io/component: mailbox
 {{- .Values.minio.existingSecret | default (include "gradientmail.minioName" .) -}}
 {{- end -}}
 
+{{/* The learners' scoped MinIO user's keys (minio.yaml): AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY. */}}
+{{- define "gradientmail.minioLearnerSecret" -}}
+{{- printf "%s-minio-learner" (include "gradientmail.fullname" .) -}}
+{{- end -}}
+
 {{/* The mailbox URL every learner gets (gradientmail/mailbox/url.py). */}}
 {{- define "gradientmail.mailboxUrl" -}}
 {{- $m := .Values.mailbox -}}

@@ -106,12 +106,13 @@ spec:
         {{- end }}
         {{- end }}
         {{- if or .Values.minio.enabled .Values.mailbox.existingSecret }}
+        # with the in-chart MinIO: the scoped user's keys (minio.yaml), never MinIO's root keys
         - name: AWS_ACCESS_KEY_ID
           valueFrom:
             secretKeyRef:
               {{- if .Values.minio.enabled }}
-              name: {{ include "gradientmail.minioSecret" . }}
-              key: rootUser
+              name: {{ include "gradientmail.minioLearnerSecret" . }}
+              key: AWS_ACCESS_KEY_ID
               {{- else }}
               name: {{ .Values.mailbox.existingSecret }}
               key: {{ .Values.mailbox.accessKeyIdKey }}
@@ -120,8 +121,8 @@ spec:
           valueFrom:
             secretKeyRef:
               {{- if .Values.minio.enabled }}
-              name: {{ include "gradientmail.minioSecret" . }}
-              key: rootPassword
+              name: {{ include "gradientmail.minioLearnerSecret" . }}
+              key: AWS_SECRET_ACCESS_KEY
               {{- else }}
               name: {{ .Values.mailbox.existingSecret }}
               key: {{ .Values.mailbox.secretAccessKeyKey }}
