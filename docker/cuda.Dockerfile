@@ -39,8 +39,10 @@ RUN groupadd --system --gid 10001 gradientmail \
     && install -d -o 10001 -g 10001 -m 0700 /run-key
 COPY --from=build /opt/gradientmail /opt/gradientmail
 # The default job (GRADIENTMAIL_SCRIPT and GRADIENTMAIL_ENTRYPOINT unset) is demo.worker:node_main:
-# the repository's demo/, outside the wheel, importable through PYTHONPATH.
+# the repository's demo/, outside the wheel, importable through PYTHONPATH. The examples come
+# along, runnable as GRADIENTMAIL_SCRIPT=/opt/gradientmail-jobs/examples/torch_learner.py.
 COPY demo /opt/gradientmail-jobs/demo
+COPY examples /opt/gradientmail-jobs/examples
 ENV PATH=/opt/gradientmail/bin:$PATH \
     PYTHONPATH=/opt/gradientmail-jobs \
     PYTHONUNBUFFERED=1 \
