@@ -34,7 +34,6 @@ MAX_STEPS = 2**31 - 1
 """Largest step count a record may carry (far beyond any run; keeps weights finite)."""
 MAX_SAMPLES = 2**53
 """Largest sample count a record may carry: samples² / steps stays a finite float."""
-MAC_HEX = re.compile(r"^[0-9a-f]{64}$")
 
 _STRICT = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
 """Every record model: immutable, no unknown fields, no coercion (``2.0``, ``true`` or ``"5"``
@@ -51,6 +50,16 @@ def utc_now() -> str:
 LearnerId = Annotated[str, AfterValidator(check_learner_id)]
 
 
+def _check_hex256(value: str) -> str:
+    if not SHA256_HEX.match(value):
+        raise ValueError("must be 64 lowercase hex digits")
+    return value
+
+
+Hex256 = Annotated[str, AfterValidator(_check_hex256)]
+"""A sha256 digest or an HMAC-SHA256, as records carry them."""
+
+
 class Record(BaseModel):
     """Base of every record: frozen, strict, versioned, optionally signed (``mac``)."""
 
@@ -60,16 +69,9 @@ class Record(BaseModel):
     """Readers fetch at most this many bytes of a record of this kind (size before bytes)."""
     schema_version: Literal[1] = SCHEMA_VERSION
     """Required on the wire (a record without it is refused); code that builds a record gets it."""
-    mac: str | None = None
+    mac: Hex256 | None = None
     """HMAC-SHA256 of the record's signed content under the run key (``records.auth``); None in
     a run without a key."""
-
-    @field_validator("mac")
-    @classmethod
-    def _mac_hex(cls, value: str | None) -> str | None:
-        if value is not None and not MAC_HEX.match(value):
-            raise ValueError("must be 64 lowercase hex digits")
-        return value
 
     def to_json(self) -> bytes:
         return self.model_dump_json().encode("utf-8")
@@ -179,15 +181,8 @@ class PayloadRef(BaseModel):
 
     model_config = _STRICT
     key: str = Field(min_length=1, max_length=1024)
-    sha256: str
+    sha256: Hex256
     size_bytes: int = Field(ge=0, le=2**50)
-
-    @field_validator("sha256")
-    @classmethod
-    def _hex(cls, value: str) -> str:
-        if not SHA256_HEX.match(value):
-            raise ValueError("must be 64 lowercase hex digits")
-        return value
 
 
 RealignReason = Literal["carry_limit"]
@@ -311,7 +306,7 @@ class RoundRecord(Record):
     """Syncer election term of the committer (0 for version 0, written by the first learner)."""
     timing: RoundTiming = Field(default_factory=RoundTiming)
     created_at: str = Field(default_factory=utc_now)
-    previous: str | None = None
+    previous: Hex256 | None = None
     """sha256 of the stored bytes of the previous version's round record (None for version 0):
     the records of a fragment form a hash chain, so a rollback or a rewritten record shows."""
     backend: str | None = Field(default=None, max_length=32)
@@ -319,13 +314,6 @@ class RoundRecord(Record):
     samples_per_step_cap: float | None = Field(default=None, gt=0)
     """The bound on samples per step used for the weights (samples are capped at it × steps);
     None: no bound applied. Replay recomputes the weights with it."""
-
-    @field_validator("previous")
-    @classmethod
-    def _previous_hex(cls, value: str | None) -> str | None:
-        if value is not None and not SHA256_HEX.match(value):
-            raise ValueError("must be 64 lowercase hex digits")
-        return value
 
 
 class Head(Record):
@@ -336,14 +324,7 @@ class Head(Record):
     max_bytes: ClassVar[int] = 4096
     fragment: int = Field(ge=0)
     version: int = Field(ge=0)
-    record_sha256: str
-
-    @field_validator("record_sha256")
-    @classmethod
-    def _hex(cls, value: str) -> str:
-        if not SHA256_HEX.match(value):
-            raise ValueError("must be 64 lowercase hex digits")
-        return value
+    record_sha256: Hex256
 
 
 class Lease(Record):
