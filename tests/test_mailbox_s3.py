@@ -70,9 +70,9 @@ class CallCounter:
 def test_300_mb_round_trips_through_parallel_multipart(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     session = _session(s3_server)
     counter = CallCounter(session.events)
-    mailbox = make_s3_mailbox(session=session)  # default tuning: 64 MiB threshold, 16 MiB parts
+    mailbox = make_s3_mailbox(session=session)  # default tuning: 16 MiB threshold, 8 MiB parts
     payload = _random_bytes(300, 300 * MiB)
-    parts = -(-len(payload) // (16 * MiB))
+    parts = -(-len(payload) // S3Tuning().part_size_bytes)
 
     token = mailbox.create("fragments/0000/versions/0000000001/params-a.safetensors", payload)
     assert counter.calls.get("PutObject", 0) == 3  # only the conditional-write check's probes

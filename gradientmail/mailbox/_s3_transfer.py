@@ -5,10 +5,12 @@ accepts neither ``IfNoneMatch`` nor ``IfMatch`` for uploads, and create-once and
 compare-and-swap of large fragments need exactly those on ``CompleteMultipartUpload``.
 So this module drives the multipart API itself on a thread pool: the parts go up in
 parallel and the condition is checked once, atomically, when the upload is completed.
-Downloads fetch the first part, learn size and ETag from it, and fetch the rest in
-parallel with ``IfMatch`` on that ETag, so the pieces always belong to one version. A
-reader with an allowance (``max_bytes``) asks for at most ``max_bytes + 1`` bytes first
-and refuses a larger object from that response's headers, before reading further.
+Downloads ask for the first part, learn size and ETag from its headers, and fetch the
+rest in parallel with ``IfMatch`` on that ETag while the first body streams in, so the
+pieces always belong to one version. Every part is read straight into its place in the
+``bytes`` that is returned (:func:`_assemble`): no part is joined or copied afterwards.
+A reader with an allowance (``max_bytes``) asks for at most ``max_bytes + 1`` bytes first
+and refuses a larger object from that response's headers, before reading any body.
 
 Everything here raises botocore's exceptions (and :class:`TooLarge`); the caller translates them.
 """
@@ -17,11 +19,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import math
 import random
 import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, Executor, wait
+import traceback
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
 from typing import Any, TypeVar
 
 from gradientmail.errors import MailboxUnavailable
@@ -36,6 +40,10 @@ MAX_PARTS = 10_000
 """S3's largest part count; bigger payloads get bigger parts."""
 _READ_RESTARTS = 3
 """How often a download restarts when the object is replaced while it is being read."""
+_READ_CHUNK_BYTES = 1024 * 1024
+"""Bytes per ``readinto`` of a response body (urllib3 reads each into a temporary
+``bytes`` first): small enough that the allocator reuses those temporaries instead of
+mapping fresh pages each time, large enough to keep the calls few."""
 
 T = TypeVar("T")
 
@@ -51,16 +59,39 @@ class TooLarge(Exception):
         self.max_bytes = max_bytes
 
 
-def run_all(executor: Executor, tasks: list[Callable[[], T]]) -> list[T]:
-    """Run ``tasks`` on ``executor``; return their results in order or raise the first
-    failure once nothing is running any more (so no task outlives the call)."""
-    futures = [executor.submit(task) for task in tasks]
-    _, pending = wait(futures, return_when=FIRST_EXCEPTION)
-    if pending:
-        for future in pending:
+def run_all(executor: Executor, tasks: Sequence[Callable[[], T]], *, here: Callable[[], object] | None = None) -> list[T]:
+    """Run ``tasks`` on ``executor`` (and ``here``, if given, in the calling thread
+    meanwhile); return their results in order or raise the first failure once nothing is
+    running any more. No task outlives the call, even one interrupted by a signal: the
+    downloads write into a buffer that must not be freed while a task still writes."""
+    futures: list[Future[T]] = []
+    try:
+        futures.extend(executor.submit(task) for task in tasks)
+        if here is not None:
+            here()
+        wait(futures, return_when=FIRST_EXCEPTION)
+    finally:
+        for future in futures:
             future.cancel()
-        wait(pending)
+        _wait_out(futures)
+    for future in futures:
+        failure = None if future.cancelled() else future.exception()
+        if failure is not None:
+            raise failure
     return [future.result() for future in futures]
+
+
+def _wait_out(futures: list[Future[T]]) -> None:
+    """Wait until every future is done or cancelled, whatever interrupts the wait."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            wait(futures)
+            break
+        except BaseException as exc:  # e.g. a second Ctrl-C: still wait, then re-raise
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def backoff(attempt: int) -> None:
@@ -138,6 +169,9 @@ def download(
 ) -> tuple[bytes, str]:
     """Return the object's bytes and ETag, fetching parts of ``part_bytes`` in parallel.
 
+    The first ranged GET says the size; the other parts are requested as soon as its
+    headers are in, so its body streams while they do, and every part is read straight
+    into its place in the result (see :func:`_assemble`): no part is copied again.
     Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
     most ``max_bytes + 1`` bytes of it.
     """
@@ -159,75 +193,229 @@ def _download_one_version(
     # With an allowance, one byte more than allowed is enough to tell "too large" even
     # from a store that reports no size.
     first_bytes = part_bytes if max_bytes is None else min(part_bytes, max_bytes + 1)
-    first, response = _get(
-        client, {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{first_bytes - 1}"}, max_attempts, max_bytes=max_bytes
-    )
-    etag = str(response["ETag"])
-    total = _total_size(response, len(first))
-    if max_bytes is not None and total > max_bytes:
-        raise TooLarge(total, max_bytes)
-    if total <= len(first):
-        return first, etag
-    buffer = bytearray(total)
-    buffer[: len(first)] = first
+    attempt = 0
+    while True:
+        attempt += 1
+        response = _open(client, {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{first_bytes - 1}"})
+        body = response["Body"]
+        in_parts = False
+        try:
+            etag = str(response["ETag"])
+            declared = _declared_size(response)
+            if max_bytes is not None and declared is not None and declared > max_bytes:
+                raise TooLarge(declared, max_bytes)
+            span = _content_range(response)
+            total = span[2] if span is not None else None
+            if span is not None and total is not None and total > span[1] + 1:
+                in_parts = True
+                break
+            # The whole object is in this answer: it is small, the store ignored the range,
+            # or (an empty object) it was asked for whole. Read it as it comes.
+            try:
+                return _read_whole(body, response, max_bytes, first_bytes), etag
+            except stream_errors() as exc:
+                if attempt >= max_attempts:
+                    raise
+                _forget_locals(exc)
+            backoff(attempt)
+        finally:
+            if not in_parts:
+                body.close()  # drops the connection if the body was left unread
+    end = span[1]
+    if span[0] != 0 or _length_of(response) != end + 1:
+        body.close()
+        raise MailboxUnavailable(f"S3 answered range 0-{first_bytes - 1} of {key!r} with {response.get('ContentRange')!r}")
 
-    def fetch(start: int) -> None:
-        end = min(start + part_bytes, total) - 1
-        params = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end}", "IfMatch": etag}
-        body, _ = _get(client, params, max_attempts)
-        if len(body) != end - start + 1:
-            raise MailboxUnavailable(f"S3 returned {len(body)} bytes for range {start}-{end} of {key!r}")
-        buffer[start : end + 1] = body
+    def fill(view: memoryview) -> None:
+        """Write the object into ``view``: part one from the open answer, here, the rest
+        on the executor at the same time, each conditional on the first part's ETag."""
+
+        def first_part() -> None:
+            with view[: end + 1] as part:
+                try:
+                    _read_into(body, part)
+                    return
+                except stream_errors() as exc:
+                    if max_attempts <= 1:
+                        raise
+                    _forget_locals(exc)
+                finally:
+                    body.close()
+                # The answer broke off: fetch part one again, of this version only.
+                params = {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{end}", "IfMatch": etag}
+                _fetch_into(client, params, part, max_attempts - 1, first_attempt=2)
+
+        def fetch(offset: int) -> None:
+            last = min(offset + part_bytes, total) - 1
+            params = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{last}", "IfMatch": etag}
+            with view[offset : last + 1] as part:
+                _fetch_into(client, params, part, max_attempts)
+
+        rest = [functools.partial(fetch, offset) for offset in range(end + 1, total, part_bytes)]
+        run_all(executor, rest, here=first_part)
 
     try:
-        run_all(executor, [functools.partial(fetch, start) for start in range(len(first), total, part_bytes)])
+        return _assemble(total, fill), etag
     except ClientError as exc:
         if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
             return None  # replaced while we read it: the caller starts again on the new version
         raise
-    return bytes(buffer), etag
+    finally:
+        body.close()
 
 
-def _get(client: Any, params: dict[str, Any], max_attempts: int, *, max_bytes: int | None = None) -> tuple[bytes, dict[str, Any]]:
-    """GetObject and read its body, retrying when the body breaks off mid-stream (botocore
-    retries the request itself, but not a body that fails after the headers arrived).
-
-    With ``max_bytes``, an object the headers show to be larger raises ``TooLarge`` before
-    any of the body is read, and at most ``max_bytes + 1`` body bytes are ever read (a
-    store may ignore the range, or answer the unranged retry of an empty object with an
-    object that has since been replaced by a huge one).
-    """
+def _open(client: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """GetObject, up to the headers; an empty object (which has no byte 0 for a range)
+    is asked for again whole."""
     from botocore.exceptions import ClientError
 
-    attempt = 0
+    try:
+        return client.get_object(**params)  # type: ignore[no-any-return]
+    except ClientError as exc:
+        if error_code(exc) == "InvalidRange" and "IfMatch" not in params:
+            return client.get_object(**{name: value for name, value in params.items() if name != "Range"})  # type: ignore[no-any-return]
+        raise
+
+
+def _read_whole(body: Any, response: dict[str, Any], max_bytes: int | None, asked: int) -> bytes:
+    """The body of an answer that holds the whole object (headers already checked against
+    ``max_bytes``); never more than ``max_bytes + 1`` bytes are read."""
+    span = _content_range(response)
+    if span is not None and span[2] is None and span[1] + 1 >= asked:
+        raise MailboxUnavailable("S3 did not state the object's size (Content-Range: bytes a-b/*)")
+    if max_bytes is None:
+        data: bytes = body.read()
+    else:
+        data = read_at_most(body, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise TooLarge(None, max_bytes)  # a store that ignored the range and sent no length
+    if span is not None and (span[0] != 0 or len(data) != span[1] + 1):
+        raise MailboxUnavailable(f"S3 answered the start of an object with {len(data)} bytes of {response.get('ContentRange')!r}")
+    return data
+
+
+def _fetch_into(client: Any, params: dict[str, Any], view: memoryview, max_attempts: int, *, first_attempt: int = 1) -> None:
+    """GetObject the range ``params`` names into ``view`` (exactly its length), retrying
+    when the body breaks off mid-stream (botocore retries the request itself, but not a
+    body that fails after the headers arrived)."""
+    attempt = first_attempt - 1
     while True:
         attempt += 1
-        try:
-            response = client.get_object(**params)
-        except ClientError as exc:
-            if error_code(exc) == "InvalidRange" and "IfMatch" not in params:
-                # An empty object has no byte 0; ask for it whole.
-                params = {name: value for name, value in params.items() if name != "Range"}
-                response = client.get_object(**params)
-            else:
-                raise
+        response = client.get_object(**params)
         body = response["Body"]
         try:
-            if max_bytes is None:
-                return body.read(), response
-            declared = _declared_size(response)
-            if declared is not None and declared > max_bytes:
-                raise TooLarge(declared, max_bytes)
-            data = read_at_most(body, max_bytes + 1)
-            if len(data) > max_bytes:
-                raise TooLarge(None, max_bytes)  # a store that ignored the range and sent no length
-            return data, response
-        except stream_errors():
-            if attempt >= max_attempts:
+            length = _length_of(response)
+            if length != len(view):
+                raise MailboxUnavailable(f"S3 answered {params['Range']} of {params['Key']!r} with {length} bytes")
+            _read_into(body, view)
+            return
+        except stream_errors() as exc:
+            if attempt >= max_attempts + first_attempt - 1:
                 raise
+            _forget_locals(exc)
             backoff(attempt)
         finally:
             body.close()  # drops the connection if the body was left unread
+
+
+def _read_into(body: Any, view: memoryview) -> None:
+    """Fill ``view`` from ``body`` (botocore's ``StreamingBody``), in chunks that reuse the
+    allocator's memory. A body that ends early raises botocore's ``IncompleteReadError``
+    (a stream error: the caller asks again), never leaves part of ``view`` unwritten."""
+    size = len(view)
+    done = 0
+    while done < size:
+        with view[done : min(size, done + _READ_CHUNK_BYTES)] as chunk:
+            count = body.readinto(chunk)
+        if not count:
+            from botocore.exceptions import IncompleteReadError
+
+            raise IncompleteReadError(actual_bytes=done, expected_bytes=size)
+        done += count
+
+
+class _Filler(io.RawIOBase):
+    """A raw stream whose one read is the whole object, written by ``fill``."""
+
+    def __init__(self, size: int, fill: Callable[[memoryview], None]) -> None:
+        super().__init__()
+        self._size = size
+        self._fill = fill
+        self._position = 0
+        self._spare: bytearray | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._size - self._position
+        with memoryview(buffer) as target, target.cast("B") as view:
+            if left <= 0:
+                return 0
+            if self._position == 0 and len(view) == self._size:
+                self._fill(view)  # CPython: the view is the result's own memory
+                self._position = self._size
+                return self._size
+            # A runtime that reads in windows: assemble once aside, then hand it out.
+            if self._spare is None:
+                self._spare = bytearray(self._size)
+                with memoryview(self._spare) as spare:
+                    self._fill(spare)
+            count = min(len(view), left)
+            view[:count] = self._spare[self._position : self._position + count]
+            self._position += count
+            return count
+
+
+def _assemble(size: int, fill: Callable[[memoryview], None]) -> bytes:
+    """A ``bytes`` of ``size`` that ``fill`` writes in place, through a writable view.
+
+    ``io.BufferedReader.read(n)`` allocates the ``bytes`` it returns and hands its raw
+    stream a writable view of that very memory (buffer size 1: all of it in one
+    ``readinto``), which is how CPython fills a new ``bytes`` without a second copy;
+    ``fill`` writes the parts there from several threads. Elsewhere the same code is
+    correct and merely copies once. ``fill`` must not return or raise while anything
+    still writes into the view (``run_all`` waits for every task); every view of it is
+    released before the ``bytes`` is handed out, and on failure the frames of the
+    traceback drop theirs, so nothing can reach the freed memory afterwards.
+    """
+    try:
+        data = io.BufferedReader(_Filler(size, fill), buffer_size=1).read(size)
+    except BaseException as exc:
+        _forget_locals(exc)  # the frames below hold views of the buffer, now freed
+        raise
+    if len(data) != size:  # cannot happen: readinto returns all of it or raises
+        raise MailboxUnavailable(f"assembled {len(data)} of {size} bytes")
+    return data
+
+
+def _forget_locals(exc: BaseException) -> None:
+    """Drop the local variables of the frames ``exc`` (and what it chains) passed through:
+    they may hold views of a result buffer that is freed once the read gives up."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if current.__traceback__ is not None:
+            traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
+
+
+def _content_range(response: dict[str, Any]) -> tuple[int, int, int | None] | None:
+    """``(first, last, total)`` of ``Content-Range: bytes first-last/total`` (total None
+    for ``*``), or None when the answer has no (readable) range."""
+    text = response.get("ContentRange") or ""
+    unit, _, rest = text.partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    if unit != "bytes" or not first.isdigit() or not last.isdigit() or not (total.isdigit() or total == "*"):
+        return None
+    return int(first), int(last), int(total) if total.isdigit() else None
+
+
+def _length_of(response: dict[str, Any]) -> int | None:
+    length = response.get("ContentLength")
+    return int(length) if length is not None else None
 
 
 def _declared_size(response: dict[str, Any]) -> int | None:
@@ -238,13 +426,4 @@ def _declared_size(response: dict[str, Any]) -> int | None:
         return int(total)
     if response.get("ContentRange"):
         return None  # "bytes a-b/*": the store does not know the size
-    length = response.get("ContentLength")
-    return int(length) if length is not None else None
-
-
-def _total_size(response: dict[str, Any], received: int) -> int:
-    """Object size from ``Content-Range: bytes a-b/total``; a store that ignored the
-    range sent everything, so the size is what arrived."""
-    content_range = response.get("ContentRange") or ""
-    total = content_range.rpartition("/")[2]
-    return int(total) if total.isdigit() else received
+    return _length_of(response)
