@@ -1,0 +1,424 @@
+"""Side by side with torchft: the same DiLoCo workload through torchft's lock-step DiLoCo and GradientMail.
+
+    python -m benchmarks.peer_torchft            # ~3 minutes on an idle 2-core machine; sets up torchft on first use
+    python -m benchmarks.peer_torchft --setup    # only create runs/.venv-torchft (torchft 0.2.0)
+    python -m benchmarks.peer_torchft --no-torchft --quick   # a smoke run without torchft
+
+Four arms, each two learner processes (``python -m benchmarks.peer_worker``) with the same
+model (a 1.64M-parameter fp32 MLP), seeds, data, H and steps, one torch thread each, their
+loops started together; every arm runs ``--repeats`` times, interleaved, and the figures are
+medians:
+
+1. bare loop: no exchange; the throughput reference (two at once, so that they share the
+   cores as the learners of the other arms do);
+2. torchft: ``torchft.local_sgd.DiLoCo`` with a Manager per learner (a replica group of one),
+   gloo, and ``torchft_lighthouse`` on loopback; outer SGD lr 0.7, momentum 0.9, Nesterov;
+3. GradientMail on a directory mailbox (``file://``): ``gm.DiLoCo(sync_every=H)``, every other
+   setting its default (quorum 1, RDA merge, carrying unmerged work, 0.2 s poll);
+4. the same on a loopback SeaweedFS (``benchmarks/seaweed.py``; the server shares the cores).
+
+Per arm: throughput against the bare loop (the bare loop's seconds ÷ the arm's, the loops'
+first to last step, mean of the learners, per repeat); the time the exchange holds the
+training thread per sync (torchft: its optimizer post-step hook, where DiLoCo's quorum,
+allreduce and outer step run; GradientMail: ``session.step()``); bytes each learner moves per
+sync (torchft: gloo's ring allreduce, 2(n−1)/n × 4 bytes × parameters each way, from the
+parameter count; GradientMail: counted at the mailbox, what every get and put of the
+learner's process carried, its syncer's included, not HTTP framing); the held-out loss of the
+final model; and the loop's CPU seconds per learner, with the server's (the lighthouse or
+SeaweedFS). torchft runs in this environment if it has torchft, else in its own,
+runs/.venv-torchft, created on first use with torch pinned by constraints.txt (the same torch
+as here), or under ``--torchft-python``.
+
+Writes ``runs/peer-torchft-<UTC time>/result.json`` (``--json``); prints a table and the
+target: GradientMail on S3's throughput ratio at least torchft's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCHFT_VENV = ROOT / "runs" / ".venv-torchft"
+TORCHFT_REQUIREMENT = "torchft==0.2.0"
+LEARNERS = 2
+ARMS = ("bare", "torchft", "gm-directory", "gm-s3")
+
+
+@dataclass
+class ArmResult:
+    """One arm over every repeat; each figure is the median over repeats unless it says otherwise."""
+
+    arm: str
+    trials: list[dict[str, Any]] = field(default_factory=list)
+    """Per repeat: the learners' own results, the loop seconds and the server's CPU seconds."""
+    throughput_ratios: list[float] = field(default_factory=list)
+    """Per repeat: that repeat's bare loop seconds ÷ this arm's loop seconds (means over learners)."""
+    throughput_ratio: float = 0.0
+    loop_s: float = 0.0
+    blocked_ms_per_sync: float = 0.0
+    """Time the exchange held the training thread over the loop, mean over learners, ÷ syncs."""
+    bytes_up_per_sync: list[float] = field(default_factory=list)
+    """Per learner, most first (GradientMail: the node that ran the syncer, then the other)."""
+    bytes_down_per_sync: list[float] = field(default_factory=list)
+    eval_loss: float = 0.0
+    """Held-out loss of the run's final model (GradientMail: the learner that saw the newest commit), mean over repeats."""
+    loop_cpu_s: float = 0.0
+    """CPU seconds of one learner's process (every thread) over the loop, mean over learners."""
+    server_cpu_s: float | None = None
+    """CPU seconds of the lighthouse or the SeaweedFS server while the arm ran."""
+    requests_per_sync: list[float] = field(default_factory=list)
+    """GradientMail: mailbox requests per sync per learner (every kind: polls, leases, payloads), most first."""
+    align_lag_steps: float | None = None
+    """GradientMail: median steps from publishing a round (step v × H) to training on its commit."""
+
+
+# -- set-up ------------------------------------------------------------------------------------
+
+
+def torchft_python(explicit: str | None, setup: bool) -> str | None:
+    """An interpreter that imports torchft: ``explicit``, else this one if it has torchft, else
+    runs/.venv-torchft (made if missing and ``setup``)."""
+    if explicit:
+        return explicit
+    if importlib.util.find_spec("torchft") is not None:
+        return sys.executable
+    python = TORCHFT_VENV / "bin" / "python"
+    stamp = TORCHFT_VENV / ".torchft-installed"
+    wanted = f"{TORCHFT_REQUIREMENT}\n{(ROOT / 'constraints.txt').read_text()}"
+    if python.exists() and stamp.exists() and stamp.read_text() == wanted:
+        return str(python)
+    if not setup:
+        return None
+    print(f"setting up {TORCHFT_VENV.relative_to(ROOT)} ({TORCHFT_REQUIREMENT}, torch from constraints.txt)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(TORCHFT_VENV)], check=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, "-c", str(ROOT / "constraints.txt"), "torch", TORCHFT_REQUIREMENT, "numpy"], check=True)
+    stamp.write_text(wanted)
+    return str(python)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a live process (Linux /proc), 0.0 where unavailable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- running one arm ---------------------------------------------------------------------------
+
+
+def run_learners(
+    workdir: Path, python: str, arm_args: list[str], common: list[str], env: dict[str, str], timeout_s: float
+) -> list[dict[str, Any]]:
+    """Start LEARNERS workers, release them together once all are set up, return their results."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    go = workdir / "go"
+    processes = []
+    for rank in range(LEARNERS):
+        command = [python, "-m", "benchmarks.peer_worker", *arm_args, *common, "--rank", str(rank)]
+        command += ["--ready", str(workdir / f"ready-{rank}"), "--go", str(go), "--out", str(workdir / f"learner-{rank}.json")]
+        log = (workdir / f"learner-{rank}.log").open("w")
+        path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)]
+        worker_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
+        processes.append(subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env))
+        log.close()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not all((workdir / f"ready-{rank}").exists() for rank in range(LEARNERS)):
+            for rank, process in enumerate(processes):
+                if process.poll() is not None:
+                    raise RuntimeError(
+                        f"learner {rank} exited with {process.returncode}:\n{_tail(workdir / f'learner-{rank}.log')}"
+                    )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"learners not ready after {timeout_s} s")
+            time.sleep(0.01)
+        go.write_text("go")
+        for rank, process in enumerate(processes):
+            code = process.wait(timeout=max(1.0, deadline - time.monotonic()))
+            if code != 0:
+                raise RuntimeError(f"learner {rank} exited with {code}:\n{_tail(workdir / f'learner-{rank}.log')}")
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return [json.loads((workdir / f"learner-{rank}.json").read_text()) for rank in range(LEARNERS)]
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) -> ArmResult:
+    result = ArmResult(arm=arm, trials=trials)
+    loops = [t["loop_s"] for t in trials]
+    result.loop_s = statistics.median(loops)
+    if bare is not None:
+        result.throughput_ratios = [b["loop_s"] / loop for b, loop in zip(bare.trials, loops, strict=False)]
+    else:
+        result.throughput_ratios = [1.0 for _ in loops]
+    result.throughput_ratio = statistics.median(result.throughput_ratios)
+    syncs = max(1, trials[0]["learners"][0]["syncs"])
+    result.blocked_ms_per_sync = (
+        statistics.median(statistics.mean(r["blocked_s"] for r in t["learners"]) for t in trials) * 1e3 / syncs
+    )
+    result.loop_cpu_s = statistics.median(statistics.mean(r["loop_cpu_s"] for r in t["learners"]) for t in trials)
+    if arm != "bare":
+        ups = [sorted((r["bytes_up"] / syncs for r in t["learners"]), reverse=True) for t in trials]
+        downs = [sorted((r["bytes_down"] / syncs for r in t["learners"]), reverse=True) for t in trials]
+        result.bytes_up_per_sync = [statistics.median(column) for column in zip(*ups, strict=True)]
+        result.bytes_down_per_sync = [statistics.median(column) for column in zip(*downs, strict=True)]
+    if arm.startswith("gm"):
+        requests = [sorted((r["mailbox_requests"] / syncs for r in t["learners"]), reverse=True) for t in trials]
+        result.requests_per_sync = [statistics.median(column) for column in zip(*requests, strict=True)]
+    losses = []
+    for t in trials:
+        newest = max(t["learners"], key=lambda r: (r.get("versions", {}).get("0", 0), -r["eval_loss"]))
+        losses.append(newest["eval_loss"] if arm.startswith("gm") else statistics.mean(r["eval_loss"] for r in t["learners"]))
+    result.eval_loss = statistics.mean(losses)
+    servers = [t["server_cpu_s"] for t in trials if t["server_cpu_s"] is not None]
+    result.server_cpu_s = statistics.median(servers) if servers else None
+    lags = [lag for t in trials for r in t["learners"] for lag in r.get("align_lag_steps", [])]
+    result.align_lag_steps = statistics.median(lags) if lags else None
+    return result
+
+
+class Servers:
+    """The SeaweedFS server, started on first use and shared by the repeats of the S3 arm."""
+
+    def __init__(self, workdir: Path) -> None:
+        self._workdir = workdir
+        self._seaweed: Any = None
+
+    def seaweed(self) -> Any:
+        if self._seaweed is None:
+            from benchmarks.seaweed import Seaweed
+
+            self._seaweed = Seaweed.start(self._workdir / "seaweed")
+        return self._seaweed
+
+    def stop(self) -> None:
+        if self._seaweed is not None:
+            self._seaweed.stop()
+            self._seaweed = None
+
+
+def run_trial(
+    arm: str, repeat: int, args: argparse.Namespace, workdir: Path, common: list[str], tf_python: str | None, servers: Servers
+) -> dict[str, Any]:
+    """One arm once: its two learners, with the lighthouse or mailbox it needs."""
+    python = sys.executable
+    env: dict[str, str] = {}
+    server_pid: int | None = None
+    cleanup: list[Any] = []
+    workdir = workdir / f"{arm}-{repeat}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    gm_args = ["--poll", str(args.poll), "--quorum", str(args.quorum), "--merge", args.merge]
+    if arm == "bare":
+        arm_args = ["--arm", "bare"]
+    elif arm == "torchft":
+        assert tf_python is not None
+        python = tf_python
+        port = free_port()
+        lighthouse_bin = Path(tf_python).parent / "torchft_lighthouse"
+        command = [str(lighthouse_bin), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(LEARNERS)]
+        with (workdir / "lighthouse.log").open("w") as log:
+            lighthouse = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        cleanup.append(lambda: (lighthouse.kill(), lighthouse.wait()))
+        _wait_for_port(port, lighthouse)
+        server_pid = lighthouse.pid
+        arm_args = ["--arm", "torchft", "--lighthouse", f"http://127.0.0.1:{port}"]
+    elif arm == "gm-directory":
+        arm_args = ["--arm", "gradientmail", "--mailbox", (workdir / "mailbox").as_uri(), *gm_args]
+    else:
+        seaweed = servers.seaweed()
+        server_pid = seaweed.process.pid
+        env = seaweed.server.env
+        url = seaweed.server.url(f"peer-{repeat}-{int(time.time())}")
+        arm_args = ["--arm", "gradientmail", "--mailbox", url, *gm_args]
+    try:
+        cpu_before = process_cpu_s(server_pid) if server_pid else 0.0
+        learners = run_learners(workdir, python, arm_args, common, env, args.timeout)
+        server_cpu = process_cpu_s(server_pid) - cpu_before if server_pid else None
+    finally:
+        for step in reversed(cleanup):
+            step()
+    loop_s = statistics.mean(r["loop_s"] for r in learners)
+    return {"loop_s": loop_s, "server_cpu_s": server_cpu, "learners": learners}
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"torchft_lighthouse exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"torchft_lighthouse not listening on {port} after {timeout_s} s")
+
+
+# -- report ------------------------------------------------------------------------------------
+
+
+def _mb(values: list[float]) -> str:
+    return "/".join(f"{v / 1e6:.1f}" for v in values) if values else "—"
+
+
+def print_table(results: list[ArmResult], parameters: int, repeats: int) -> None:
+    print(
+        f"\n{parameters:,} fp32 parameters ({4 * parameters / 1e6:.2f} MB), {LEARNERS} learners, medians of {repeats} repeat(s)"
+    )
+    header = f"{'arm':<14}{'loop s':>8}{'× bare':>8}{'blocked ms/sync':>17}{'MB up/sync':>13}{'MB down/sync':>14}"
+    header += f"{'eval loss':>11}{'CPU-s/learner':>15}{'server CPU-s':>14}{'lag steps':>11}"
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        server = f"{r.server_cpu_s:.1f}" if r.server_cpu_s is not None else "—"
+        lag = f"{r.align_lag_steps:.0f}" if r.align_lag_steps is not None else "—"
+        print(
+            f"{r.arm:<14}{r.loop_s:8.2f}{r.throughput_ratio:8.2f}{r.blocked_ms_per_sync:17.1f}"
+            f"{_mb(r.bytes_up_per_sync):>13}{_mb(r.bytes_down_per_sync):>14}{r.eval_loss:11.3f}"
+            f"{r.loop_cpu_s:15.2f}{server:>14}{lag:>11}"
+        )
+    print(
+        "× bare: the bare loop's seconds ÷ the arm's, per repeat; MB per learner, most first (GradientMail: the node\n"
+        "that ran the syncer, then the other), counted at the mailbox; torchft's from 2(n−1)/n × 4 B × parameters\n"
+        "(gloo ring allreduce). lag steps: from a round's publish to training on its commit."
+    )
+
+
+def verdict(results: dict[str, ArmResult]) -> dict[str, Any]:
+    s3, tf = results.get("gm-s3"), results.get("torchft")
+    target: dict[str, Any] = {"target": "GradientMail on S3 throughput ratio ≥ torchft's"}
+    if s3 is None or tf is None:
+        return {**target, "met": None, "why": "the gm-s3 or the torchft arm did not run"}
+    return {**target, "gm_s3": round(s3.throughput_ratio, 3), "torchft": round(tf.throughput_ratio, 3),
+            "met": s3.throughput_ratio >= tf.throughput_ratio}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--sync-every", type=int, default=20, help="H, for both systems")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--hidden", type=int, default=1024, help="MLP width: 1024 is 1.64M parameters")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of every arm, interleaved; figures are medians")
+    parser.add_argument("--poll", type=float, default=0.2, help="GradientMail's poll interval (s; its default: 0.2)")
+    parser.add_argument("--quorum", type=int, default=1, help="GradientMail's quorum_size (its default: 1)")
+    parser.add_argument("--merge", choices=["rda", "weighted_mean"], default="rda", help="GradientMail's merge (default: rda)")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)} (bare always runs)")
+    parser.add_argument("--no-torchft", action="store_true", help="skip the torchft arm (and its set-up)")
+    parser.add_argument("--setup", action="store_true", help="create runs/.venv-torchft and exit")
+    parser.add_argument("--torchft-python", default=None, help="an interpreter with torchft, instead of runs/.venv-torchft")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 40 steps, H = 10, a narrow MLP, one repeat")
+    parser.add_argument("--timeout", type=float, default=300.0, help="per arm and repeat (s)")
+    parser.add_argument("--json", default=None, help="default: runs/peer-torchft-<UTC time>/result.json")
+    parser.add_argument("--keep", action="store_true", help="keep the learners' logs, mailboxes and server data")
+    args = parser.parse_args(argv)
+    if args.setup:
+        print(torchft_python(args.torchft_python, setup=True))
+        return 0
+    if args.quick:
+        args.steps, args.sync_every, args.hidden, args.repeats = 40, 10, 128, 1
+    arms = [a for a in args.arms.split(",") if a and not (args.no_torchft and a == "torchft")]
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms: {', '.join(sorted(unknown))}")
+    arms = [a for a in ARMS if a in arms or a == "bare"]
+    tf_python = torchft_python(args.torchft_python, setup=True) if "torchft" in arms else None
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = Path(args.json) if args.json else ROOT / "runs" / f"peer-torchft-{stamp}" / "result.json"
+    workdir = out.parent / "work"
+    workdir.mkdir(parents=True, exist_ok=True)
+    common = ["--steps", str(args.steps), "--sync-every", str(args.sync_every), "--batch", str(args.batch)]
+    common += ["--hidden", str(args.hidden), "--learners", str(LEARNERS)]
+    print(
+        f"steps {args.steps}, H {args.sync_every}, batch {args.batch}, {LEARNERS} learners, {args.repeats} repeat(s)", flush=True
+    )
+    trials: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
+    servers = Servers(workdir)
+    try:
+        for repeat in range(args.repeats):
+            # bare first in every repeat, the others rotated so that no arm always follows the same one
+            others = arms[1:]
+            shift = repeat % len(others) if others else 0
+            for arm in ["bare", *others[shift:], *others[:shift]]:
+                started = time.monotonic()
+                trial = run_trial(arm, repeat, args, workdir, common, tf_python, servers)
+                trials[arm].append(trial)
+                took = time.monotonic() - started
+                print(f"repeat {repeat + 1}: {arm:<13} loop {trial['loop_s']:6.2f} s ({took:5.1f} s in all)", flush=True)
+    finally:
+        servers.stop()
+    bare = summarise("bare", trials["bare"], None)
+    results = {"bare": bare, **{arm: summarise(arm, trials[arm], bare) for arm in arms[1:]}}
+    parameters = trials["bare"][0]["learners"][0]["parameters"]
+    print_table(list(results.values()), parameters, args.repeats)
+    target = verdict(results)
+    if target["met"] is not None:
+        met = "met" if target["met"] else "NOT MET"
+        print(
+            f"\ntarget: GradientMail on S3 throughput ratio ≥ torchft's: {met} ({target['gm_s3']:.2f} vs {target['torchft']:.2f})"
+        )
+    else:
+        print(f"\ntarget: GradientMail on S3 throughput ratio ≥ torchft's: not evaluated ({target['why']})")
+    for arm in results.values():
+        for trial in arm.trials:
+            for learner in trial["learners"]:
+                learner.pop("losses", None)
+    payload = {
+        "settings": {
+            "steps": args.steps,
+            "sync_every": args.sync_every,
+            "batch": args.batch,
+            "hidden": args.hidden,
+            "parameters": parameters,
+            "learners": LEARNERS,
+            "repeats": args.repeats,
+            "gradientmail": {"poll_s": args.poll, "quorum_size": args.quorum, "merge": args.merge},
+            "torchft": TORCHFT_REQUIREMENT if "torchft" in results else None,
+            "torch": trials["bare"][0]["learners"][0]["torch_version"],
+            "cpus": os.cpu_count(),
+        },
+        "arms": {arm: asdict(r) for arm, r in results.items()},
+        "target": target,
+        "torchft_bytes_formula": "per sync and learner, each way: 2(n−1)/n × 4 bytes × parameters (gloo ring allreduce)",
+    }
+    out.write_text(json.dumps(payload, indent=2))
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
