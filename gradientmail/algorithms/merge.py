@@ -3,11 +3,23 @@
 Formulas and the numbers they must reproduce are in the merge note (docs/algorithms.md).
 Every function is written once against :class:`~gradientmail.backends.Backend`; the
 backend is taken from the tensors unless given.
+
+Passes over the deltas (issue 13). Both merges are one fused combination ``Σ fᵢΔᵢ``
+(:meth:`Backend.combine`) with different factors: the weighted mean uses ``fᵢ = wᵢ/W``;
+RDA uses ``fᵢ = (wᵢ/W)/‖Δᵢ‖``, which gives ``u`` directly, with ``‖u‖²`` accumulated in the
+same pass (:meth:`Backend.combine_sumsq`); the result is ``(r̄/‖u‖)·u``. RDA needs the norms
+‖Δᵢ‖ first: the syncer's validation already took them (``finite_norm``, the same pass that
+checks finiteness), and :func:`merge_tensors_scaled` accepts them, so a round's RDA reads
+each delta once; standalone it takes them itself (a second pass). :func:`merge_tensors_scaled`
+also leaves the final scale ``r̄/‖u‖`` unapplied (a :class:`MergedDelta`) so the outer step
+folds it into its own single pass. :func:`merge_tensors`, :func:`rda` and
+:func:`weighted_mean` apply it and return plain tensors, with the same results as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -61,22 +73,47 @@ def weighted_mean(deltas: Sequence[Tensor], weights: Sequence[float], backend: B
     """Δ = Σ wᵢΔᵢ / W for one tensor, in fp32."""
     _check_lengths(deltas, weights)
     backend = backend or backend_for(deltas[0])
-    return backend.linear_combination(list(deltas), normalized(weights))
+    return backend.combine(list(deltas), normalized(weights))
 
 
-def rda(deltas: Sequence[Tensor], weights: Sequence[float], backend: Backend | None = None) -> Tensor:
+def rda(
+    deltas: Sequence[Tensor],
+    weights: Sequence[float],
+    backend: Backend | None = None,
+    *,
+    norms: Sequence[float] | None = None,
+) -> Tensor:
     """Radial-directional average of one tensor: mean length r̄ on the mean direction φ(u).
 
     r̄ = Σ wᵢ‖Δᵢ‖ / W and u = Σ wᵢ φ(Δᵢ) / W; the result is r̄ φ(u), zero when u is zero.
+    ``norms`` are the ‖Δᵢ‖ when already known (``Backend.finite_norm`` of each delta).
     """
     _check_lengths(deltas, weights)
     backend = backend or backend_for(deltas[0])
+    direction, factor = rda_unscaled(deltas, weights, backend, norms=norms)
+    return backend.scale(direction, factor)
+
+
+def rda_unscaled(
+    deltas: Sequence[Tensor],
+    weights: Sequence[float],
+    backend: Backend | None = None,
+    *,
+    norms: Sequence[float] | None = None,
+) -> tuple[Tensor, float]:
+    """RDA as ``(u, r̄/max(‖u‖, floor))``: the result is their product. One pass over the
+    deltas when ``norms`` are given, two when they are taken here."""
+    _check_lengths(deltas, weights)
+    backend = backend or backend_for(deltas[0])
     shares = normalized(weights)
-    norms = [backend.norm(delta) for delta in deltas]
+    if norms is None:
+        norms = [backend.finite_norm(delta) for delta in deltas]
+    elif len(norms) != len(deltas):
+        raise ValueError(f"{len(deltas)} deltas but {len(norms)} norms")
     mean_length = sum(share * norm for share, norm in zip(shares, norms, strict=True))
-    directions = [backend.scale(delta, 1.0 / max(norm, NORM_FLOOR)) for delta, norm in zip(deltas, norms, strict=True)]
-    mean_direction = backend.linear_combination(directions, shares)
-    return backend.scale(mean_direction, mean_length / max(backend.norm(mean_direction), NORM_FLOOR))
+    factors = [share / max(norm, NORM_FLOOR) for share, norm in zip(shares, norms, strict=True)]
+    direction, sumsq = backend.combine_sumsq(list(deltas), factors)
+    return direction, mean_length / max(math.sqrt(sumsq), NORM_FLOOR)
 
 
 def _check_lengths(deltas: Sequence[Tensor], weights: Sequence[float]) -> None:
@@ -126,6 +163,64 @@ def merge_from_manifest(form: Mapping[str, object]) -> Rda | WeightedMean:
     raise InvalidConfig("merge.kind", f"unknown merge kind {kind!r}; expected one of {list(MERGE_KINDS)}")
 
 
+class MergedDelta(Mapping[str, Tensor]):
+    """A merged fragment delta held as an fp32 tensor and a scale per name (value = scale·tensor).
+
+    Reading an item multiplies them out (a pass over that tensor); the outer step reads
+    :meth:`unscaled` instead and folds the scale into its own pass.
+    """
+
+    def __init__(self, backend: Backend, parts: Mapping[str, tuple[Tensor, float]]) -> None:
+        self.backend = backend
+        self._parts = dict(parts)
+
+    def unscaled(self, name: str) -> tuple[Tensor, float]:
+        return self._parts[name]
+
+    def __getitem__(self, name: str) -> Tensor:
+        tensor, factor = self._parts[name]
+        return tensor if factor == 1.0 else self.backend.scale(tensor, factor)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._parts)
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+
+def merge_tensors_scaled(
+    merge: Rda | WeightedMean,
+    deltas: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    backend: Backend | None = None,
+    *,
+    norms: Sequence[Mapping[str, float]] | None = None,
+) -> MergedDelta:
+    """Merge a fragment, leaving RDA's final scale to the consumer (see :class:`MergedDelta`).
+
+    ``norms``: per contribution, ``Backend.finite_norm`` of each of its tensors (what the
+    syncer's validation measured); without them RDA takes the norms itself (same values).
+    """
+    if not deltas:
+        raise ValueError("a merge needs at least one contribution")
+    names = list(deltas[0])
+    for index, delta in enumerate(deltas[1:], start=1):
+        if set(delta) != set(names):
+            raise ValueError(f"contribution {index} holds tensors {sorted(delta)}, expected {sorted(names)}")
+    if norms is not None and len(norms) != len(deltas):
+        raise ValueError(f"{len(deltas)} contributions but {len(norms)} sets of norms")
+    backend = backend or backend_for(deltas[0][names[0]])
+    parts: dict[str, tuple[Tensor, float]] = {}
+    for name in names:
+        column = [delta[name] for delta in deltas]
+        if merge.uses_weighted_mean(name):
+            parts[name] = (weighted_mean(column, weights, backend), 1.0)
+        else:
+            known = [n[name] for n in norms] if norms is not None else None
+            parts[name] = rda_unscaled(column, weights, backend, norms=known)
+    return MergedDelta(backend, parts)
+
+
 def merge_tensors(
     merge: Rda | WeightedMean,
     deltas: Sequence[Mapping[str, Tensor]],
@@ -133,16 +228,5 @@ def merge_tensors(
     backend: Backend | None = None,
 ) -> dict[str, Tensor]:
     """Merge a fragment: one delta mapping per contribution, the same weights for every tensor."""
-    if not deltas:
-        raise ValueError("a merge needs at least one contribution")
-    names = list(deltas[0])
-    for index, delta in enumerate(deltas[1:], start=1):
-        if set(delta) != set(names):
-            raise ValueError(f"contribution {index} holds tensors {sorted(delta)}, expected {sorted(names)}")
-    backend = backend or backend_for(deltas[0][names[0]])
-    merged: dict[str, Tensor] = {}
-    for name in names:
-        column = [delta[name] for delta in deltas]
-        combine = weighted_mean if merge.uses_weighted_mean(name) else rda
-        merged[name] = combine(column, weights, backend)
-    return merged
+    merged = merge_tensors_scaled(merge, deltas, weights, backend)
+    return {name: merged[name] for name in merged}

@@ -10,6 +10,11 @@ From zero momentum the first step moves θ by η(1 + β)Δ = 1.33Δ with the def
 β = 0.9. A round made only of final contributions (flush on close) applies θ ← θ − Δ and
 leaves the momentum as it was. Parameters stored in bf16/fp16 keep an fp32 master copy in
 the outer state, so rounding to the storage dtype never accumulates across rounds.
+
+Each tensor takes one fused pass (:meth:`Backend.outer_update`) that reads θ, m and Δ once and
+writes new θ' and m'. A :class:`~gradientmail.algorithms.merge.MergedDelta` passes its
+unapplied scale (RDA's r̄/‖u‖) into that pass instead of costing one of its own; the
+arithmetic is the same (``fp32(s·u)`` first), so the bytes match stepping on the scaled delta.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gradientmail.algorithms.merge import MergedDelta
 from gradientmail.backends import Backend, Tensor
 
 LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
@@ -84,20 +90,16 @@ class NesterovOuter:
         new_state = OuterState()
         for name, value in params.items():
             dtype = backend.dtype_name(value)
-            theta = state.master[name] if name in state.master else backend.to_fp32(value)
-            grad = backend.to_fp32(delta[name])
+            theta = state.master.get(name, value)
+            grad, factor = delta.unscaled(name) if isinstance(delta, MergedDelta) else (delta[name], 1.0)
             momentum = state.momentum.get(name)
             if momentum is None:
                 momentum = backend.zeros_like(value)
-            if final:
-                update = grad
-                new_momentum = momentum
-            else:
-                new_momentum = backend.add(backend.scale(momentum, self.momentum), grad)
-                update = backend.scale(backend.add(grad, backend.scale(new_momentum, self.momentum)), self.lr)
-            theta = backend.sub(theta, update)
+            new_theta, new_momentum = backend.outer_update(
+                theta, momentum, grad, lr=self.lr, beta=self.momentum, delta_scale=factor, final=final
+            )
             new_state.momentum[name] = new_momentum
             if dtype in LOW_PRECISION_DTYPES:
-                new_state.master[name] = theta
-            new_params[name] = backend.cast(theta, dtype)
+                new_state.master[name] = new_theta
+            new_params[name] = new_theta if dtype == "float32" else backend.cast(new_theta, dtype)
         return new_params, new_state

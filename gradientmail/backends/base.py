@@ -3,6 +3,25 @@
 A backend owns three things: the fp32 arithmetic a merge and an outer step need, reading
 and writing a fragment's parameters in a model, and the conversion to NumPy arrays that
 the shared Safetensors codec (:mod:`gradientmail.backends.payload`) builds on.
+
+Fused kernels (issue 13). A round is bandwidth-bound: M deltas are read once to merge them
+and the fragment once more for the outer step. The kernels below do each in one pass:
+
+* :meth:`Backend.combine` / :meth:`Backend.combine_sumsq`: ``Σ fᵢ·tᵢ`` in fp32 (each term
+  ``fp32(tᵢ)·fp32(fᵢ)`` rounded, then added in input order: the same per-element arithmetic
+  as :meth:`Backend.linear_combination`), optionally with the fp64 sum of squares of the
+  result accumulated in the same pass (RDA's ‖u‖).
+* :meth:`Backend.finite_norm`: the fp64-accumulated norm in one pass; a non-finite result
+  means a NaN/Inf element (or an fp64 overflow), so it replaces ``all_finite`` + ``norm``.
+* :meth:`Backend.outer_update`: the Nesterov step ``g = s·Δ; m' = β·m + g;
+  θ' = θ − η(g + β·m')`` in one pass, writing new θ' and m' (never aliasing the inputs),
+  with the merge's final scale ``s`` folded in.
+
+Determinism: element-wise results do not depend on how the work is split. Reductions are
+taken over fixed blocks of :data:`KERNEL_CHUNK` elements (boundaries independent of the
+thread count), each block reduced by one thread, and the per-block fp64 partial sums added
+in block order, so the same inputs give the same bytes however many threads run. The
+generic implementations here compose the unfused operations; backends override them.
 """
 
 from __future__ import annotations
@@ -17,6 +36,11 @@ from gradientmail.backends import payload
 
 Tensor = Any
 """A framework tensor: ``torch.Tensor``, ``mlx.core.array`` or ``numpy.ndarray``."""
+
+KERNEL_CHUNK = 1 << 18
+"""Elements per block of the fused kernels (1 MiB of fp32): fixed, so reductions summed per
+block in block order give the same bytes on any thread count. Big enough that per-call
+overhead vanishes, small enough that a block's fp32 scratch stays in L2/L3."""
 
 
 class Backend(ABC):
@@ -83,6 +107,47 @@ class Backend(ABC):
             total = self.add(total, self.scale(self.to_fp32(tensor), factor))
         return total
 
+    # -- fused kernels (see the module docstring) ------------------------------------
+    def combine(self, tensors: Sequence[Tensor], factors: Sequence[float]) -> Tensor:
+        """``Σ factors[i]·tensors[i]`` in fp32 in one pass (same arithmetic as ``linear_combination``)."""
+        return self.linear_combination(tensors, factors)
+
+    def combine_sumsq(self, tensors: Sequence[Tensor], factors: Sequence[float]) -> tuple[Tensor, float]:
+        """``combine`` and the fp64 sum of squares of its fp32 result, from the same pass."""
+        combined = self.combine(tensors, factors)
+        return combined, self.norm(combined) ** 2
+
+    def finite_norm(self, tensor: Tensor) -> float:
+        """The norm (fp64-accumulated) in one pass; NaN or infinite when any element is, or
+        when the sum of squares overflows. Integer and bool tensors give their plain norm."""
+        if not self.all_finite(tensor):
+            return float("nan")
+        return self.norm(tensor)
+
+    def outer_update(
+        self,
+        theta: Tensor,
+        momentum: Tensor,
+        delta: Tensor,
+        *,
+        lr: float,
+        beta: float,
+        delta_scale: float = 1.0,
+        final: bool = False,
+    ) -> tuple[Tensor, Tensor]:
+        """One Nesterov outer step on one tensor: new fp32 ``(θ', m')``.
+
+        ``g = fp32(delta_scale·Δ)`` (exactly ``delta`` when the scale is 1), ``m' = β·m + g``,
+        ``θ' = θ − η·(g + β·m')``; ``final``: ``θ' = θ − g`` and ``m'`` is ``momentum`` itself.
+        θ' is always a new tensor; so is m' unless ``final``.
+        """
+        grad = self.to_fp32(delta) if delta_scale == 1.0 else self.scale(delta, delta_scale)
+        if final:
+            return self.sub(theta, grad), momentum
+        new_momentum = self.add(self.scale(momentum, beta), grad)
+        update = self.scale(self.add(grad, self.scale(new_momentum, beta)), lr)
+        return self.sub(theta, update), new_momentum
+
     # -- NumPy bridge (the Safetensors codec is written once on top of it) ---------
     @abstractmethod
     def to_numpy(self, tensor: Tensor) -> np.ndarray:
@@ -90,7 +155,13 @@ class Backend(ABC):
 
     @abstractmethod
     def from_numpy(self, array: np.ndarray) -> Tensor:
-        """A framework tensor holding the array's values and dtype."""
+        """A framework tensor holding the array's values and dtype (its own, writable memory)."""
+
+    def borrow_numpy(self, array: np.ndarray) -> Tensor:
+        """Like ``from_numpy``, but sharing the array's memory where the framework can (a
+        read-only view from :func:`payload.decode` stays one buffer). The caller must never
+        write the result. Frameworks that cannot share copy."""
+        return self.from_numpy(array)
 
     def encode(self, tensors: Mapping[str, Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
         """Safetensors bytes for the named tensors."""

@@ -1,8 +1,13 @@
-"""MLX backend: models are ``mlx.nn.Module``s (parameters flattened with dotted names)."""
+"""MLX backend: models are ``mlx.nn.Module``s (parameters flattened with dotted names).
+
+The fused kernels (see :mod:`gradientmail.backends.base`) build MLX's lazy graph with the
+same per-element arithmetic as the other backends and evaluate it once, which lets MLX fuse
+the element-wise work into one pass; norms accumulate in float64 on the CPU stream.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import ml_dtypes
@@ -47,6 +52,31 @@ class MlxBackend(Backend):
         flat = tensor.reshape(-1).astype(mx.float64, stream=mx.cpu)
         root = mx.sqrt(mx.sum(flat * flat, stream=mx.cpu), stream=mx.cpu)
         return float(cast(float, root.item()))  # item() is typed int | float | complex; a float64 root is a float
+
+    def finite_norm(self, tensor: mx.array) -> float:
+        return self.norm(tensor)  # the float64 sum of squares carries any NaN/inf through
+
+    def combine(self, tensors: Sequence[mx.array], factors: Sequence[float]) -> mx.array:
+        combined: mx.array = self.linear_combination(tensors, factors)  # lazy: one graph, evaluated once
+        mx.eval(combined)
+        return combined
+
+    def outer_update(
+        self,
+        theta: mx.array,
+        momentum: mx.array,
+        delta: mx.array,
+        *,
+        lr: float,
+        beta: float,
+        delta_scale: float = 1.0,
+        final: bool = False,
+    ) -> tuple[mx.array, mx.array]:
+        new_theta, new_momentum = super().outer_update(
+            theta, momentum, delta, lr=lr, beta=beta, delta_scale=delta_scale, final=final
+        )
+        mx.eval(new_theta, new_momentum)
+        return new_theta, new_momentum
 
     def scale(self, tensor: mx.array, factor: float) -> mx.array:
         return tensor.astype(mx.float32) * factor

@@ -1,19 +1,21 @@
 """Safetensors encoding of NumPy arrays, written once for every backend.
 
-NumPy's own Safetensors loader cannot produce bf16 or fp8 arrays; we go through the
-format-level ``serialize``/``deserialize`` of the ``safetensors`` package and give those
-dtypes ``ml_dtypes`` NumPy dtypes, so a bf16 tensor keeps its bits across frameworks.
+NumPy's own Safetensors loader cannot produce bf16 or fp8 arrays. Encoding goes through the
+format-level ``serialize`` of the ``safetensors`` package; decoding parses and validates the
+header here and returns read-only views into the payload bytes (``safetensors.deserialize``
+copies every tensor, which made validating a contribution cost 2.5× its payload in memory).
+bf16 and fp8 get ``ml_dtypes`` NumPy dtypes, so a bf16 tensor keeps its bits across frameworks.
 """
 
 from __future__ import annotations
 
 import json
-import struct
+import math
 from collections.abc import Mapping
 
 import ml_dtypes
 import numpy as np
-from safetensors import SafetensorError, TensorSpec, deserialize, serialize
+from safetensors import TensorSpec, serialize
 
 from gradientmail.errors import CorruptPayload
 
@@ -77,26 +79,108 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
     return bytes(data)
 
 
-def decode(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """Named arrays and metadata; any malformed input raises ``CorruptPayload``."""
-    try:
-        entries = deserialize(bytes(data))  # type: ignore[no-untyped-call]  # safetensors' stub leaves deserialize unannotated
-        metadata = _read_metadata(data)
-    except (SafetensorError, ValueError, struct.error, UnicodeDecodeError) as exc:
-        raise CorruptPayload(f"payload is not valid safetensors: {exc}") from None
+MAX_HEADER_BYTES = 100_000_000
+"""Largest JSON header accepted (the limit the ``safetensors`` package itself applies)."""
+
+
+def decode(data: bytes | bytearray | memoryview) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Named arrays and metadata; any malformed input raises ``CorruptPayload`` naming the fault.
+
+    Zero-copy: the arrays are read-only ``np.frombuffer`` views into ``data`` (which they keep
+    alive), in data-offset order. Whoever needs a writable array copies it. Nothing is returned
+    unless the whole payload validates: 8-byte little-endian length, a bounded UTF-8
+    JSON object without duplicate keys, ``__metadata__`` a string-to-string object, every
+    tensor ``{"dtype", "shape", "data_offsets"}`` with a known dtype, a shape of
+    non-negative ints and ``end - begin = prod(shape) × itemsize``, and the tensors' byte
+    ranges contiguous, in order, without overlap and covering the data section exactly (no
+    trailing bytes).
+    """
+    view = memoryview(data).cast("B").toreadonly()
+    total = len(view)
+    if total < 8:
+        raise CorruptPayload(f"payload is not valid safetensors: {total} bytes, shorter than the 8-byte header length")
+    header_len = int.from_bytes(view[:8], "little")
+    if header_len > MAX_HEADER_BYTES:
+        raise CorruptPayload(f"payload is not valid safetensors: header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
+    if 8 + header_len > total:
+        raise CorruptPayload(
+            f"payload is not valid safetensors: header of {header_len} bytes runs past the end of the {total}-byte payload"
+        )
+    header = _parse_header(bytes(view[8 : 8 + header_len]))
+    metadata = _metadata(header.pop("__metadata__", None))
+    data_start = 8 + header_len
+    data_len = total - data_start
+    layout: list[tuple[int, int, str, np.dtype, tuple[int, ...]]] = []
+    for index, (name, info) in enumerate(header.items()):
+        dtype, shape, begin = _tensor_info(name, info)
+        layout.append((begin, index, name, dtype, shape))
     arrays: dict[str, np.ndarray] = {}
-    for name, entry in entries:
-        code = entry["dtype"]
-        if code not in _BY_CODE:
-            raise CorruptPayload(f"tensor {name!r} has unsupported dtype {code}")
-        dtype = _BY_CODE[code][1]
-        buffer = entry["data"]
-        arrays[name] = np.frombuffer(buffer, dtype=dtype).reshape(entry["shape"])
+    cursor = 0
+    for begin, _, name, dtype, shape in sorted(layout):
+        count = math.prod(shape)
+        if begin != cursor:
+            problem = "overlaps the previous tensor" if begin < cursor else f"leaves a gap of {begin - cursor} bytes"
+            raise CorruptPayload(f"tensor {name!r}: data_offsets start at {begin}, expected {cursor} ({problem})")
+        cursor = begin + count * dtype.itemsize
+        if cursor > data_len:
+            raise CorruptPayload(f"tensor {name!r}: data ends at byte {cursor}, past the {data_len}-byte data section")
+        array = np.frombuffer(view, dtype=dtype, count=count, offset=data_start + begin) if count else np.empty(0, dtype)
+        array = array.reshape(shape)
+        array.flags.writeable = False
+        arrays[name] = array
+    if cursor != data_len:
+        raise CorruptPayload(f"payload has {data_len - cursor} trailing bytes after the last tensor's data")
     return arrays, metadata
 
 
-def _read_metadata(data: bytes) -> dict[str, str]:
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + header_len])
-    metadata = header.get("__metadata__") or {}
-    return {str(k): str(v) for k, v in metadata.items()}
+def _parse_header(raw: bytes) -> dict[str, object]:
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+        result: dict[str, object] = {}
+        for key, value in pairs:
+            if key in result:
+                raise ValueError(f"duplicate key {key!r}")
+            result[key] = value
+        return result
+
+    try:
+        header = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise CorruptPayload(f"payload is not valid safetensors: header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise CorruptPayload(f"payload is not valid safetensors: header is a JSON {type(header).__name__}, not an object")
+    return header
+
+
+def _metadata(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise CorruptPayload("payload is not valid safetensors: __metadata__ is not an object of strings")
+    return {str(k): v for k, v in value.items()}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tensor_info(name: str, info: object) -> tuple[np.dtype, tuple[int, ...], int]:
+    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+        keys = sorted(info) if isinstance(info, dict) else type(info).__name__
+        raise CorruptPayload(f"tensor {name!r}: header entry must hold exactly dtype, shape, data_offsets (got {keys})")
+    code = info["dtype"]
+    if not isinstance(code, str) or code not in _BY_CODE:
+        raise CorruptPayload(f"tensor {name!r} has unsupported dtype {code}")
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(_is_int(d) and d >= 0 for d in shape):
+        raise CorruptPayload(f"tensor {name!r}: shape {shape!r} is not a list of non-negative integers")
+    offsets = info["data_offsets"]
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(o) and o >= 0 for o in offsets):
+        raise CorruptPayload(f"tensor {name!r}: data_offsets {offsets!r} are not two non-negative integers")
+    begin, end = offsets
+    dtype = _BY_CODE[code][1]
+    expected = math.prod(shape) * dtype.itemsize
+    if end - begin != expected:
+        raise CorruptPayload(
+            f"tensor {name!r}: data_offsets [{begin}, {end}] hold {end - begin} bytes, shape {shape} of {code} needs {expected}"
+        )
+    return dtype, tuple(shape), begin

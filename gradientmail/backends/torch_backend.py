@@ -5,11 +5,18 @@ live on a GPU: arithmetic on two tensors on different devices runs on the accele
 NumPy conversion always goes through host memory, and writing a parameter moves the value
 to that parameter's device and dtype. MPS has no float64, so norms of MPS tensors are
 taken on the host.
+
+The fused kernels (``combine``, ``finite_norm``, ``outer_update``; see
+:mod:`gradientmail.backends.base`) run on host tensors through zero-copy NumPy views with
+the NumPy backend's blocked, threaded kernels: the syncer's tensors are host tensors, and the
+two backends then give the same bytes and never depend on torch's thread count. Tensors on
+an accelerator take the generic composition of torch ops (bandwidth-bound there anyway).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -17,6 +24,7 @@ import numpy as np
 import torch
 
 from gradientmail.backends.base import Backend, Tensor
+from gradientmail.backends.numpy_backend import combine_arrays, finite_norm_array, outer_arrays
 from gradientmail.backends.payload import dtype_name_of
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -55,6 +63,31 @@ def _on_one_device(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torc
     return a.to(device), b.to(device)
 
 
+def _host_view(tensor: torch.Tensor) -> np.ndarray | None:
+    """A zero-copy NumPy view of a host tensor (bf16/fp8 through their bits); None elsewhere."""
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu" or tensor.dtype not in _NAMES:
+        return None
+    if tensor.dtype in _BIT_VIEWS:
+        int_dtype, np_dtype = _BIT_VIEWS[tensor.dtype]
+        return tensor.view(int_dtype).numpy().view(np_dtype)
+    return tensor.numpy()
+
+
+def _host_views(tensors: Sequence[torch.Tensor]) -> list[np.ndarray] | None:
+    views = [_host_view(t) for t in tensors]
+    return None if any(v is None for v in views) else [v for v in views if v is not None]
+
+
+def _share(array: np.ndarray) -> torch.Tensor:
+    """A tensor over a C-contiguous array's memory (bf16/fp8 through a same-width int view)."""
+    if array.dtype in _FROM_NUMPY_VIEWS:
+        int_dtype, torch_dtype = _FROM_NUMPY_VIEWS[array.dtype]
+        int_np = np.dtype(np.int16) if int_dtype == torch.int16 else np.dtype(np.int8)
+        return torch.from_numpy(array.view(int_np)).view(torch_dtype)
+    return torch.from_numpy(array)
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -65,12 +98,18 @@ class TorchBackend(Backend):
         return tensor.detach().to(torch.float32, copy=True)
 
     def norm(self, tensor: torch.Tensor) -> float:
+        host = _host_view(tensor)
+        if host is not None:
+            return finite_norm_array(host)
         tensor = tensor.detach()
         if tensor.device.type == "mps":  # MPS has no float64 to accumulate in
             tensor = tensor.cpu()
         return float(torch.linalg.vector_norm(tensor, dtype=torch.float64))
 
     def scale(self, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        host = _host_view(tensor)
+        if host is not None and host.dtype == np.float32:  # same product, NumPy's faster host loop
+            return torch.from_numpy(np.multiply(host, np.float32(factor), out=np.empty(host.shape, np.float32)))
         return tensor.detach().to(torch.float32) * factor
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -80,6 +119,40 @@ class TorchBackend(Backend):
     def sub(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         a, b = _on_one_device(a.detach(), b.detach())
         return a.to(torch.float32) - b.to(torch.float32)
+
+    def finite_norm(self, tensor: torch.Tensor) -> float:
+        return self.norm(tensor)  # the fp64 sum of squares carries any NaN/inf through
+
+    def combine(self, tensors: Sequence[torch.Tensor], factors: Sequence[float]) -> torch.Tensor:
+        views = _host_views(tensors)
+        if views is None:
+            combined: torch.Tensor = super().combine(tensors, factors)
+            return combined
+        return torch.from_numpy(combine_arrays(views, factors)[0])
+
+    def combine_sumsq(self, tensors: Sequence[torch.Tensor], factors: Sequence[float]) -> tuple[torch.Tensor, float]:
+        views = _host_views(tensors)
+        if views is None:
+            return super().combine_sumsq(tensors, factors)
+        combined, sumsq = combine_arrays(views, factors, sumsq=True)
+        return torch.from_numpy(combined), sumsq
+
+    def outer_update(
+        self,
+        theta: torch.Tensor,
+        momentum: torch.Tensor,
+        delta: torch.Tensor,
+        *,
+        lr: float,
+        beta: float,
+        delta_scale: float = 1.0,
+        final: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        views = _host_views([theta, momentum, delta])
+        if views is None:
+            return super().outer_update(theta, momentum, delta, lr=lr, beta=beta, delta_scale=delta_scale, final=final)
+        new_theta, new_momentum = outer_arrays(*views, lr=lr, beta=beta, delta_scale=delta_scale, final=final)
+        return torch.from_numpy(new_theta), momentum if final else torch.from_numpy(new_momentum)
 
     def zeros_like(self, tensor: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(tensor, dtype=torch.float32)
@@ -117,14 +190,17 @@ class TorchBackend(Backend):
 
     def from_numpy(self, array: np.ndarray) -> torch.Tensor:
         dtype_name_of(array)  # refuse dtypes no payload can carry
-        array = np.ascontiguousarray(array)
+        array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
         if not array.flags.writeable:
             array = array.copy()
-        if array.dtype in _FROM_NUMPY_VIEWS:
-            int_dtype, torch_dtype = _FROM_NUMPY_VIEWS[array.dtype]
-            int_np = np.dtype(np.int16) if int_dtype == torch.int16 else np.dtype(np.int8)
-            return torch.from_numpy(array.view(int_np)).view(torch_dtype)
-        return torch.from_numpy(array)
+        return _share(array)
+
+    def borrow_numpy(self, array: np.ndarray) -> torch.Tensor:
+        dtype_name_of(array)
+        array = np.ascontiguousarray(array).reshape(array.shape)  # ascontiguousarray makes 0-d arrays 1-d
+        with warnings.catch_warnings():  # torch warns that a read-only buffer becomes a writable tensor
+            warnings.simplefilter("ignore", UserWarning)
+            return _share(array)
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().clone()

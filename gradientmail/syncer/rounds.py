@@ -5,15 +5,22 @@ then ``outer_step``) is the pure merge-and-step both the live syncer (which time
 halves apart) and ``replay_round`` use, so a replay reproduces the committed bytes exactly
 (protocol invariant 4). ``validate`` trusts nothing it reads: whatever goes wrong inside it
 becomes a rejection with a reason, never an exception (INV-7).
+
+Passes over a contribution (issue 13): ``validate`` decodes the payload zero-copy (the delta's
+tensors borrow the payload's bytes) and takes one ``finite_norm`` pass per tensor, which both
+checks finiteness and measures the norm; the per-tensor norms travel in
+:attr:`Accepted.tensor_norms` to ``merge_round``, so RDA combines the deltas in one more pass,
+and its final scale is folded into the outer step's single pass (a ``MergedDelta``). A replay
+runs exactly the same functions on the same inputs, hence the same bytes.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from gradientmail.algorithms.merge import merge_from_manifest, merge_tensors, staleness_discount, weight
+from gradientmail.algorithms.merge import MergedDelta, merge_from_manifest, merge_tensors_scaled, staleness_discount, weight
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend, Tensor
 from gradientmail.errors import (
@@ -67,6 +74,9 @@ class Accepted:
     staleness: int = 0
     norm: float = 0.0
     """L2 norm of the whole delta (every tensor of the fragment)."""
+    tensor_norms: dict[str, float] = field(default_factory=dict)
+    """``Backend.finite_norm`` of each tensor of the delta, as validation measured it (RDA
+    reuses them instead of reading the deltas again); empty: the merge measures them."""
 
 
 def validate(
@@ -143,21 +153,27 @@ def _validate(
     if contribution.payload.size_bytes > spec.max_payload_bytes(key.fragment):
         return reject("corrupt", f"payload of {contribution.payload.size_bytes} bytes exceeds the fragment's bound")
     try:
-        delta = _tensors(backend, store.read_delta(spec, contribution))
+        # zero-copy: the tensors borrow the payload's bytes, which nothing writes
+        delta = {name: backend.borrow_numpy(array) for name, array in store.read_delta(spec, contribution).items()}
     except CorruptPayload as exc:
         return reject("corrupt", str(exc))
     except IncompatiblePayload as exc:
         return reject("incompatible", str(exc))
+    tensor_norms: dict[str, float] = {}
     for name, tensor in delta.items():
-        if not backend.all_finite(tensor):
-            return reject("non_finite", f"{name} holds NaN or infinite values")
-    norm = math.sqrt(sum(float(backend.norm(tensor)) ** 2 for tensor in delta.values()))
+        tensor_norm = float(backend.finite_norm(tensor))  # one pass: finiteness and the norm
+        if not math.isfinite(tensor_norm):
+            if not backend.all_finite(tensor):
+                return reject("non_finite", f"{name} holds NaN or infinite values")
+            return reject("non_finite", "the delta's norm overflows")
+        tensor_norms[name] = tensor_norm
+    norm = math.sqrt(sum(n**2 for n in tensor_norms.values()))
     if not math.isfinite(norm):
         return reject("non_finite", "the delta's norm overflows")
     limit = norm_limit(contribution.steps) if norm_limit is not None else None
     if limit is not None and norm > limit:
         return reject("outlier", f"delta norm {norm:.4g} exceeds {limit:.4g}, the bound from recent rounds")
-    return Accepted(key, contribution, delta, contribution_weight, staleness, norm)
+    return Accepted(key, contribution, delta, contribution_weight, staleness, norm, tensor_norms)
 
 
 def capped_weights(accepted: Sequence[Accepted], samples_per_step_cap: float | None) -> list[Accepted]:
@@ -188,9 +204,15 @@ def apply_round(
     return params, state, final
 
 
-def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -> tuple[dict[str, Tensor], bool]:
-    """The first half of ``apply_round`` (timed apart by the syncer): merged delta, final flag."""
-    merged = merge_tensors(spec.algorithm.merge, [a.delta for a in accepted], [a.weight for a in accepted], backend)
+def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -> tuple[MergedDelta, bool]:
+    """The first half of ``apply_round`` (timed apart by the syncer): merged delta, final flag.
+
+    The merged delta keeps RDA's final scale unapplied for the outer step to fold in; the
+    norms validation measured are reused when every contribution carries all of them."""
+    deltas = [a.delta for a in accepted]
+    known = all(set(a.tensor_norms) >= set(a.delta) for a in accepted)
+    norms = [a.tensor_norms for a in accepted] if known else None
+    merged = merge_tensors_scaled(spec.algorithm.merge, deltas, [a.weight for a in accepted], backend, norms=norms)
     return merged, all(a.contribution.final for a in accepted)
 
 
