@@ -1,29 +1,61 @@
-"""What ``session.step()`` costs when nothing is due, side by side with a bare loop and a real step.
+"""What a Session costs the training loop: idle ``step()``, goodput against the bare loop, and
+publish-to-commit latency.
 
-Prints per-step times measured in one run: an empty loop, the same loop calling
-``session.step()``, and one optimizer step of a tiny PyTorch model, so the overhead reads as
-a ratio against real work. Run: python benchmarks/step_overhead.py
+Three measurements, one run:
+
+* **idle** — an empty loop against the same loop calling ``session.step()`` with nothing due
+  (target ≤ 10 µs per step);
+* **goodput** — a PyTorch model of ~16M parameters in 4 fragments trained on the CPU, the bare
+  loop against the same loop inside a Session (directory mailbox, this node's syncer in the
+  process, quorum 1) at H = 20 and H = 100, interleaved, best of ``--repeats``. Besides the wall
+  ratio it reports the seconds the training thread spent inside ``session.step()``: the
+  exchange's own cost, which shared CPUs do not blur (targets: ≥ 0.98× at H = 20,
+  ≥ 0.995× at H = 100);
+* **latency** — publish-to-commit as the learner sees it: from handing a contribution to the
+  background until the commit that merged it is ready to align (median and p90), measured in
+  the goodput runs, and optionally with a second learner in another process
+  (``--second-learner``).
+
+Run: ``python benchmarks/step_overhead.py [--quick] [--json PATH]``; the JSON goes to
+``runs/step-overhead-<UTC time>/result.json`` unless ``--json`` names another path.
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 import gradientmail as gm
 
-STEPS = 200_000
+IDLE_STEPS = 200_000
+FRAGMENTS = 4
+WIDTH = 2000
+LAYERS = 4  # 4 × (2000² + 2000) ≈ 16.0M parameters
+BATCH = 16
+TARGETS = {20: 0.98, 100: 0.995}
+IDLE_TARGET_US = 10.0
 
 
-def per_step(loop, steps: int) -> float:
+def per_step(loop: Callable[[int], None], steps: int) -> float:
     started = time.perf_counter()
     loop(steps)
     return (time.perf_counter() - started) / steps
 
 
-def main() -> None:
+def idle_overhead() -> dict[str, float]:
     model = {"w": np.zeros((64, 64), np.float32)}
     algorithm = gm.DiLoCo(sync_every=10**9)  # nothing comes due during the measurement
     options = gm.SessionOptions(run_syncer=False)
@@ -37,27 +69,284 @@ def main() -> None:
             for _ in range(steps):
                 session.step(samples=32)
 
-        bare = per_step(empty, STEPS)
-        with_session = per_step(stepping, STEPS)
+        bare = min(per_step(empty, IDLE_STEPS) for _ in range(3))
+        with_session = min(per_step(stepping, IDLE_STEPS) for _ in range(3))
+    return {"bare_us": bare * 1e6, "session_us": with_session * 1e6, "overhead_us": (with_session - bare) * 1e6}
 
-    torch.set_num_threads(1)
-    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-    optimizer = torch.optim.AdamW(net.parameters())
-    x, y = torch.randn(32, 64), torch.randn(32, 1)
 
-    def train(steps: int) -> None:
+# -- goodput ---------------------------------------------------------------------------
+
+
+def build_model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    layers: list[torch.nn.Module] = []
+    for _ in range(LAYERS):
+        layers += [torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def trainer(model: torch.nn.Module) -> Callable[[], None]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
+    x, y = torch.randn(BATCH, WIDTH), torch.randn(BATCH, WIDTH)
+
+    def train_step() -> None:
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        optimizer.step()
+
+    return train_step
+
+
+def bare_run(steps: int) -> tuple[float, float]:
+    """Seconds and CPU-seconds of ``steps`` training steps."""
+    model = build_model()
+    train_step = trainer(model)
+    for _ in range(3):
+        train_step()  # warm up allocator and kernels, as the session run does
+    started, cpu = time.perf_counter(), time.process_time()
+    for _ in range(steps):
+        train_step()
+    return time.perf_counter() - started, time.process_time() - cpu
+
+
+def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float) -> dict[str, Any]:
+    model = build_model()
+    train_step = trainer(model)
+    for _ in range(3):
+        train_step()
+    algorithm = gm.DiLoCo(sync_every=sync_every, fragments=FRAGMENTS, quorum_size=1)
+    options = gm.SessionOptions(poll_interval_s=poll_interval_s, lease_ttl_s=max(10.0, 3 * poll_interval_s))
+    in_step: list[float] = []
+    with gm.Session(
+        model, algorithm=algorithm, mailbox=gm.FileMailbox(str(root)), learner_id="learner-a", options=options
+    ) as session:
+        started, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(steps):
-            optimizer.zero_grad()
-            torch.nn.functional.mse_loss(net(x), y).backward()
-            optimizer.step()
+            train_step()
+            t0 = time.perf_counter()
+            session.step(samples=BATCH)
+            in_step.append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - started
+        cpu, thread_cpu = time.process_time() - cpu, time.thread_time() - thread_cpu
+        run = session._run
+        latencies = list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+        contributions, alignments = session.stats.contributions, session.stats.alignments
+    return {
+        "elapsed_s": elapsed,
+        "cpu_s": cpu,
+        "background_cpu_s": cpu - thread_cpu,
+        "in_step_s": sum(in_step),
+        "in_step_max_ms": max(in_step) * 1e3,
+        "in_step_exchanging_ms": [round(t * 1e3, 3) for t in sorted(in_step)[-5:]],
+        "contributions": contributions,
+        "alignments": alignments,
+        "latencies_s": latencies,
+    }
 
-    real = per_step(train, 2_000)
-    overhead = with_session - bare
-    print(f"empty loop             {bare * 1e6:8.3f} µs/step")
-    print(f"loop + session.step()  {with_session * 1e6:8.3f} µs/step  (overhead {overhead * 1e6:.3f} µs)")
-    print(f"tiny torch train step  {real * 1e6:8.1f} µs/step")
-    print(f"overhead / tiny step   {overhead / real:8.4%}")
+
+def quantiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"median": None, "p90": None, "n": 0}
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return {"median": statistics.median(ordered), "p90": p90, "n": len(ordered)}
+
+
+def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -> dict[str, Any]:
+    bares, sessions = [], []
+    with tempfile.TemporaryDirectory(prefix="gm-step-overhead-") as tmp:
+        for attempt in range(repeats):  # interleaved: drift on a shared machine hits both arms
+            bares.append(bare_run(steps))
+            sessions.append(session_run(steps, sync_every, Path(tmp) / f"h{sync_every}-{attempt}", poll_interval_s))
+    best_bare = min(b for b, _ in bares)
+    best = min(sessions, key=lambda s: s["elapsed_s"])
+    step_s = best_bare / steps
+    in_step = min(s["in_step_s"] for s in sessions)
+    latencies = [t for s in sessions for t in s["latencies_s"]]
+    return {
+        "sync_every": sync_every,
+        "steps": steps,
+        "bare_step_ms": step_s * 1e3,
+        "session_step_ms": best["elapsed_s"] / steps * 1e3,
+        "ratio": best_bare / best["elapsed_s"],
+        "ratios_paired": [b / s["elapsed_s"] for (b, _), s in zip(bares, sessions, strict=True)],
+        "extra_cpu_s": statistics.median(s["cpu_s"] - c for (_, c), s in zip(bares, sessions, strict=True)),
+        "background_cpu_s": min(s["background_cpu_s"] for s in sessions),
+        "training_thread_ratio": best_bare / (best_bare + in_step),
+        "in_step_s": in_step,
+        "in_step_max_ms": min(s["in_step_max_ms"] for s in sessions),
+        "contributions": best["contributions"],
+        "alignments": best["alignments"],
+        "latency_s": quantiles(latencies),
+    }
+
+
+# -- latency with a small model: the exchange's structure, not its CPU ----------------------
+
+
+def blocking_sync(steps: int, poll_interval_s: float, overlap_steps: int | None) -> dict[str, Any]:
+    """A 64k-parameter NumPy model in 4 fragments, 10 ms steps, H = 20, quorum 1, the syncer in
+    the process: with ``overlap_steps=0`` the time ``step()`` blocks at each sync, else the
+    publish-to-commit latency the exchange records. Payloads are small, so what is left is
+    polling, wake-ups and round trips."""
+    model = small_model()
+    algorithm = gm.DiLoCo(sync_every=20, fragments=FRAGMENTS, quorum_size=1, overlap_steps=overlap_steps)
+    options = gm.SessionOptions(poll_interval_s=poll_interval_s, lease_ttl_s=max(10.0, 3 * poll_interval_s))
+    blocked: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="gm-step-overhead-lat-") as tmp:
+        mailbox = gm.FileMailbox(str(Path(tmp) / "run"))
+        with gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id="learner-a", options=options) as session:
+            for _ in range(steps):
+                for value in model.values():
+                    value -= 1e-3
+                time.sleep(0.01)
+                before, t0 = session.stats.contributions, time.perf_counter()
+                session.step(samples=1)
+                if session.stats.contributions > before:
+                    blocked.append(time.perf_counter() - t0)
+            run = session._run
+            latencies = list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+    return {"blocked_s": quantiles(blocked), "publish_to_commit_s": quantiles(latencies)}
+
+
+# -- a second learner in another process ---------------------------------------------
+
+
+def small_model() -> dict[str, np.ndarray]:
+    return {f"w{i}": np.zeros(16_384, np.float32) for i in range(4)}
+
+
+def small_learner(
+    root: str, learner: str, steps: int, poll_interval_s: float, run_syncer: bool, until: Callable[[], bool] | None = None
+) -> list[float]:
+    """A small-model learner (10 ms steps, H = 20) for ``steps`` steps, or until ``until()``;
+    returns its publish-to-commit latencies."""
+    model = small_model()
+    algorithm = gm.DiLoCo(sync_every=20, fragments=FRAGMENTS, quorum_size=1)
+    options = gm.SessionOptions(
+        poll_interval_s=poll_interval_s, lease_ttl_s=max(10.0, 3 * poll_interval_s), run_syncer=run_syncer
+    )
+    with gm.Session(model, algorithm=algorithm, mailbox=gm.FileMailbox(root), learner_id=learner, options=options) as session:
+        step = 0
+        while (step < steps) if until is None else not until():
+            step += 1
+            for value in model.values():
+                value -= 1e-3
+            time.sleep(0.01)
+            session.step(samples=1)
+        run = session._run
+        return list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+
+
+def _second_learner(root: str, steps: int, poll_interval_s: float, out: Any) -> None:
+    out.put(small_learner(root, "learner-b", steps, poll_interval_s, run_syncer=False))
+
+
+def two_learners(steps: int, poll_interval_s: float) -> dict[str, Any]:
+    """Learner A (with the syncer) here, learner B (no syncer) in another process: B's latency
+    crosses processes, so it includes the syncer's polling."""
+    with tempfile.TemporaryDirectory(prefix="gm-step-overhead-2-") as tmp:
+        root = str(Path(tmp) / "run")
+        small_learner(root, "learner-a", 1, poll_interval_s, run_syncer=False)  # creates the run
+        ctx = mp.get_context("spawn")
+        out = ctx.Queue()
+        other = ctx.Process(target=_second_learner, args=(root, steps, poll_interval_s, out))
+        other.start()
+        started = time.monotonic()
+        # A hosts the syncer and trains until B is done (B's start-up in a fresh interpreter is slow)
+        here = small_learner(
+            root, "learner-a", 0, poll_interval_s, True, until=lambda: not out.empty() or time.monotonic() - started > 300
+        )
+        theirs = out.get(timeout=600)
+        other.join(timeout=60)
+    return {"latency_s_with_syncer": quantiles(here), "latency_s_other_process": quantiles(theirs)}
+
+
+# -- main ------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, default=None, help="where the JSON result goes")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved bare/session pairs per H (best of)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training loop")
+    parser.add_argument("--poll-interval", type=float, default=0.2, help="SessionOptions.poll_interval_s")
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke test)")
+    parser.add_argument("--second-learner", action="store_true", help="also measure latency with a learner in another process")
+    parser.add_argument("--latency-only", action="store_true", help="skip the goodput runs (idle and small-model latency)")
+    parser.add_argument("--only", type=int, action="append", default=None, help="only this H (repeatable)")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    repeats = 1 if args.quick else args.repeats
+    plan = {20: 60 if args.quick else 120, 100: 150 if args.quick else 300}
+    if args.only:
+        plan = {h: s for h, s in plan.items() if h in args.only}
+    if args.latency_only:
+        plan = {}
+    result: dict[str, Any] = {
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads, "python": sys.version.split()[0]},
+        "model": {"parameters": sum(p.numel() for p in build_model().parameters()), "fragments": FRAGMENTS},
+        "poll_interval_s": args.poll_interval,
+    }
+    idle = idle_overhead()
+    result["idle"] = idle
+    print(f"idle step()            {idle['overhead_us']:8.3f} µs over an empty loop  (target ≤ {IDLE_TARGET_US} µs)")
+    result["goodput"] = {}
+    for sync_every, steps in plan.items():
+        figures = goodput(sync_every, steps, repeats, args.poll_interval)
+        result["goodput"][str(sync_every)] = figures
+        lat = figures["latency_s"]
+        print(
+            f"H={sync_every:<4d} bare {figures['bare_step_ms']:7.2f} ms/step  session {figures['session_step_ms']:7.2f} ms/step  "
+            f"ratio {figures['ratio']:.4f} (paired {', '.join(f'{r:.3f}' for r in figures['ratios_paired'])})  "
+            f"training thread {figures['training_thread_ratio']:.4f} ({figures['in_step_s'] * 1e3:.1f} ms in step(), "
+            f"max {figures['in_step_max_ms']:.2f} ms)"
+        )
+        print(
+            f"        CPU-seconds over the bare loop (median of pairs) {figures['extra_cpu_s']:.2f} "
+            f"(background threads {figures['background_cpu_s']:.2f})"
+        )
+        if lat["n"]:
+            print(f"        publish-to-commit median {lat['median'] * 1e3:.0f} ms  p90 {lat['p90'] * 1e3:.0f} ms  (n={lat['n']})")
+    small = {
+        "overlap_steps=0": blocking_sync(120 if args.quick else 300, args.poll_interval, 0),
+        "overlap_steps=None": blocking_sync(120 if args.quick else 300, args.poll_interval, None),
+    }
+    result["small_model"] = small
+    blocked, latency = small["overlap_steps=0"]["blocked_s"], small["overlap_steps=None"]["publish_to_commit_s"]
+    if blocked["n"]:
+        print(
+            f"small model, overlap_steps=0: a sync blocks "
+            f"median {blocked['median'] * 1e3:.1f} ms  p90 {blocked['p90'] * 1e3:.1f} ms"
+        )
+    if latency["n"]:
+        print(f"small model, publish-to-commit median {latency['median'] * 1e3:.1f} ms  p90 {latency['p90'] * 1e3:.1f} ms")
+    if args.second_learner:
+        pair = two_learners(150 if args.quick else 400, args.poll_interval)
+        result["two_learners"] = pair
+        for label, key in (("with syncer", "latency_s_with_syncer"), ("other process", "latency_s_other_process")):
+            lat = pair[key]
+            if lat["n"]:
+                print(
+                    f"2 learners, {label:13s} publish-to-commit "
+                    f"median {lat['median'] * 1e3:.0f} ms  p90 {lat['p90'] * 1e3:.0f} ms"
+                )
+    verdicts = {"idle": idle["overhead_us"] <= IDLE_TARGET_US}
+    for sync_every, target in TARGETS.items():
+        figures = result["goodput"].get(str(sync_every))
+        if figures is not None:
+            verdicts[f"H={sync_every} wall"] = figures["ratio"] >= target
+            verdicts[f"H={sync_every} training thread"] = figures["training_thread_ratio"] >= target
+    result["targets"] = verdicts
+    for name, met in verdicts.items():
+        print(f"target {name:26s} {'met' if met else 'NOT MET'}")
+    path = args.json or Path("runs") / f"step-overhead-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}" / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

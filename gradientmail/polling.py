@@ -2,35 +2,85 @@
 
 A failing pass never kills the thread: store hiccups (``GradientMailError``) are logged as
 warnings and anything else with its traceback, and the next pass tries again.
+
+The pause is ``interval_s`` between rounds. When a round is due, ``hurry()`` tightens it: the
+next pause is ``fast_interval_s`` and each one after grows by ``backoff`` until it is back at
+``interval_s``, and in any case for no longer than the ``for_s`` the hurry asked for, so a
+hurry costs a bounded number of extra passes (about a dozen with the defaults) whatever
+happens. ``wake()`` runs the next pass at once; ``pause_at_most()`` (called from a pass)
+shortens only the next pause, for a deadline the pass knows of, such as a grace window's end.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from gradientmail.errors import GradientMailError
 
-__all__ = ["PollingLoop"]
+__all__ = ["FAST_INTERVAL_S", "HURRY_S", "PollingLoop", "idle_interval"]
 
 log = logging.getLogger(__name__)
 
+FAST_INTERVAL_S = 0.01
+"""The first pause of a hurry."""
+BACKOFF = 1.3
+"""Each pause of a hurry is this much longer than the one before, up to ``interval_s``."""
+HURRY_S = 5.0
+"""The longest a hurry lasts unless asked otherwise."""
+
+
+def idle_interval(poll_interval_s: float, lease_ttl_s: float, idle_interval_s: float | None = None) -> float:
+    """The pace of passes that only look for news while nothing is expected (docs/session.md,
+    "Polling"): ``idle_interval_s`` when given, else a third of the lease TTL (how often leases
+    are renewed, so lease reads at this pace miss no renewal), never below ``poll_interval_s``."""
+    chosen = lease_ttl_s / 3 if idle_interval_s is None else idle_interval_s
+    return max(poll_interval_s, chosen)
+
 
 class PollingLoop:
-    """Calls ``run_pass`` on its own thread every ``interval_s`` seconds, or sooner when woken."""
+    """Calls ``run_pass`` on its own thread every ``interval_s`` seconds, or sooner when woken
+    or hurried (see the module docstring)."""
 
-    def __init__(self, name: str, run_pass: Callable[[], None], interval_s: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        run_pass: Callable[[], None],
+        interval_s: float,
+        *,
+        fast_interval_s: float = FAST_INTERVAL_S,
+        backoff: float = BACKOFF,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if backoff < 1:
+            raise ValueError("backoff must be at least 1")
         self.name = name
         self._run_pass = run_pass
-        self._interval_s = interval_s
+        self.interval_s = interval_s
+        self._fast_interval_s = min(fast_interval_s, interval_s)
+        self._backoff = backoff
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._hurry_until = float("-inf")
+        self._next_fast: float | None = None
+        """The next pause while hurrying; None when not hurrying."""
+        self._at_most: float | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.passes = 0
+        """Passes run so far (read by tests and benchmarks)."""
 
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def hurrying(self) -> bool:
+        with self._lock:
+            return self._next_fast is not None and self._clock() < self._hurry_until
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
@@ -39,6 +89,44 @@ class PollingLoop:
     def wake(self) -> None:
         """Run the next pass now instead of after the pause."""
         self._wake.set()
+
+    def hurry(self, for_s: float = HURRY_S) -> None:
+        """Poll fast for at most ``for_s`` seconds: pauses from ``fast_interval_s`` growing back
+        to ``interval_s``; a hurry under way restarts at its fastest pace. From another thread
+        it also runs the next pass now (whatever it was due to is probably there already)."""
+        with self._lock:
+            self._hurry_until = max(self._hurry_until, self._clock() + for_s)
+            self._next_fast = self._fast_interval_s
+        if threading.current_thread() is not self._thread:
+            self._wake.set()
+
+    def settle(self) -> None:
+        """End a hurry now (what it waited for has happened): back to ``interval_s``."""
+        with self._lock:
+            self._next_fast = None
+            self._hurry_until = float("-inf")
+
+    def pause_at_most(self, seconds: float) -> None:
+        """Make the next pause no longer than ``seconds`` (from a pass: a deadline it knows)."""
+        with self._lock:
+            self._at_most = seconds if self._at_most is None else min(self._at_most, seconds)
+
+    def next_pause(self) -> float:
+        """The pause before the next pass, advancing the hurry's backoff (the loop's clockwork,
+        public so that tests can follow it without threads)."""
+        with self._lock:
+            pause = self.interval_s
+            if self._next_fast is not None:
+                remaining = self._hurry_until - self._clock()
+                if remaining <= 0 or self._next_fast >= self.interval_s:
+                    self._next_fast = None
+                else:
+                    pause = min(self._next_fast, remaining)
+                    self._next_fast *= self._backoff
+            if self._at_most is not None:
+                pause = max(0.0, min(pause, self._at_most))
+                self._at_most = None
+            return pause
 
     def stop(self) -> None:
         """Ask the thread to stop and wait for the pass in progress to end."""
@@ -50,11 +138,14 @@ class PollingLoop:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            self._wake.clear()  # a wake-up during the pass below still runs the next pass at once
             try:
                 self._run_pass()
             except GradientMailError as exc:  # the store hiccuped: try again next pass
                 log.warning("%s: pass failed, retrying: %s", self.name, exc)
             except Exception:  # never let the thread die silently
                 log.exception("%s: pass crashed, retrying", self.name)
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
+            self.passes += 1
+            pause = self.next_pause()
+            if pause > 0:
+                self._wake.wait(pause)

@@ -13,20 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from gradientmail.algorithms import schedule
-from gradientmail.algorithms.align import aligned_parameters, carried_parameters, pseudo_gradient
+from gradientmail.algorithms.align import aligned_parameters, carried_parameters
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, Tensor, backend_for, get_backend
 from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id, keys
 from gradientmail.records.auth import RunKey
-from gradientmail.session.exchange import Commit, Exchange, Publication
+from gradientmail.session.exchange import Commit, Exchange, HostBuffer, Publication
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import ContributionCounts, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
@@ -36,6 +38,8 @@ __all__ = ["Session", "SessionOptions", "SessionStats"]
 
 log = logging.getLogger(__name__)
 
+_REUSABLE = ("torch", "numpy")
+"""Backends whose snapshots go into preallocated host buffers, reused from publish to publish."""
 _FLUSH_ATTEMPTS = 3
 """Final contributions published at close when a round closes without the previous ones."""
 
@@ -49,7 +53,14 @@ class SessionOptions:
     first learner records it in the manifest; every node then uses the run's value. Size it at
     several times ``poll_interval_s`` plus the store's worst latency."""
     poll_interval_s: float = 0.2
-    """Seconds between two passes of the background exchange and of the syncer."""
+    """Seconds between two passes of the background exchange and of the syncer while something
+    is expected: a commit of a fragment this learner published, a round with contributions."""
+    idle_poll_interval_s: float | None = None
+    """Seconds between the passes that only look for news while nothing is expected: the
+    learner's check for commits and rounds others opened, the reads of leases (the syncer
+    lease by the nodes watching it, the learners' by the elected syncer). None: a third of the
+    run's lease TTL (how often leases are renewed), at least ``poll_interval_s``. See
+    docs/session.md, "Polling"."""
     run_syncer: bool = True
     """Take part in the syncer election (every node does by default)."""
     commit_timeout_s: float = 600.0
@@ -61,6 +72,8 @@ class SessionOptions:
         for name in ("lease_ttl_s", "poll_interval_s", "commit_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidConfig(name, f"must be positive, got {getattr(self, name)!r}")
+        if self.idle_poll_interval_s is not None and not self.idle_poll_interval_s >= self.poll_interval_s:
+            raise InvalidConfig("idle_poll_interval_s", f"must be at least poll_interval_s ({self.poll_interval_s})")
         if not 0 < self.step_time_smoothing <= 1:
             raise InvalidConfig("step_time_smoothing", "must be in (0, 1]")
         if self.lease_ttl_s < 2 * self.poll_interval_s:
@@ -100,7 +113,8 @@ class _Fragment:
     """The learner's bookkeeping for one fragment."""
 
     names: tuple[str, ...]
-    anchor: dict[str, Tensor]
+    anchor: Mapping[str, np.ndarray]
+    """The committed parameters the learner is aligned with, as host arrays (never written)."""
     anchor_version: int
     anchor_step: int = 0
     """Local step at which the learner aligned with ``anchor_version``."""
@@ -111,8 +125,11 @@ class _Fragment:
     published_step: int | None = None
     """Local step at which our contribution against ``anchor_version`` went out, if any."""
     published_samples: int = 0
-    published_params: dict[str, Tensor] | None = None
+    published_params: HostBuffer | None = None
     """The parameters the published delta ended at: where work after it begins."""
+    published_serial: int = 0
+    buffers: list[HostBuffer] = field(default_factory=list)
+    """Host snapshots of this fragment, reused from publish to publish."""
     realigned: list[Realignment] = field(default_factory=list)
     """Work dropped since the last merged contribution, reported with the next one."""
     deferred: bool = False
@@ -207,6 +224,7 @@ class Session:
         self._last_step_at: float | None = None
         self._step_time_s: float | None = None
         self._run: _Running | None = None
+        self._serial = 0
 
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:
@@ -226,8 +244,8 @@ class Session:
             newest = self._store.newest_version(fragment)
             assert newest is not None  # join_run committed version 0 of every fragment
             record = self._store.read_round(fragment, newest)
-            committed = self._tensors(self._store.read_params(spec, record))
-            self.backend.write_parameters(self.model, committed)
+            committed = self._store.read_params(spec, record)
+            self.backend.write_parameters(self.model, self._tensors(committed))
             fragments.append(_Fragment(names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
         self.stats.dropped_at_close = [0] * len(fragments)
@@ -238,9 +256,13 @@ class Session:
             list(self.stats.versions),
             lease_ttl_s=spec.lease_ttl_s,
             poll_interval_s=self.options.poll_interval_s,
+            idle_interval_s=self.options.idle_poll_interval_s,
             on_change=self._notify,
             lease_info=self._lease_info,
             clock=time.monotonic,
+            anchors=[f.anchor for f in fragments],
+            on_published=self._contribution_published,
+            algorithm=self.algorithm,
         )
         syncer = None
         if self.options.run_syncer:
@@ -252,9 +274,14 @@ class Session:
                 spec,
                 self.learner_id,
                 poll_interval_s=self.options.poll_interval_s,
+                idle_interval_s=self.options.idle_poll_interval_s,
+                on_commit=lambda fragment, version: exchange.commit_available(fragment),
             )
+        live = dict(self.backend.named_parameters(self.model))
         for index, state in enumerate(fragments):
             state.due_step = schedule.first_due_step(index, len(fragments), self.algorithm.sync_every)
+            if self.backend.name in _REUSABLE:  # allocated (and paged in) now, not at the first publish
+                state.buffers.append(new_buffer(self.backend, live, state.names))
         self._run = _Running(spec, fragments, min(f.due_step for f in fragments), exchange, syncer)
         exchange.start()
         if syncer is not None:
@@ -286,12 +313,27 @@ class Session:
             self._exchange_between_steps(run)
 
     def _lease_info(self) -> dict[str, object]:
-        """Progress shown in this learner's lease (read by the CLI and telemetry)."""
-        return {
+        """Progress shown in this learner's lease (read by the CLI and telemetry), and when its
+        next contribution is due: ``due_in_s``, seconds from the renewal at its current step
+        time (the elected syncer lists contributions at the regular pace around then; a hint
+        only, absent before the step time is known and once the contribution is due)."""
+        info: dict[str, object] = {
             "step": self.stats.steps,
             "step_time_s": round(self._step_time_s or 0.0, 6),
             "versions": ",".join(str(v) for v in self.stats.versions),
         }
+        run = self._run
+        if run is not None and run.open and self._step_time_s and run.next_due > self.stats.steps:
+            # absent once due: the contribution is on its way (the window of an earlier renewal
+            # covers its upload) or waits for a slot; the syncer keeps no fast pace for it
+            info["due_in_s"] = round((run.next_due - self.stats.steps) * self._step_time_s, 3)
+        return info
+
+    def _contribution_published(self, fragment: int) -> None:
+        """On the exchange thread, after an upload: the syncer in this process looks now."""
+        run = self._run
+        if run is not None and run.syncer is not None:
+            run.syncer.contribution_published(fragment)
 
     def _notify(self) -> None:
         self._attention = True
@@ -309,8 +351,14 @@ class Session:
                 self.stats.steps - state.published_step, self.algorithm.overlap_steps
             ):
                 self._wait_for_commit(run, fragment, state.anchor_version)
-        if any(f.published_step is not None or f.deferred or f.half_period_pending for f in run.fragments):
-            self._attention = True  # keep checking while contributions are in flight or deferred
+        waits = self.algorithm.overlap_steps is not None
+        if run.exchange.open_rounds or any(
+            (waits and f.published_step is not None) or f.deferred or f.half_period_pending for f in run.fragments
+        ):
+            # keep checking every step while a count of steps decides something: a wait under
+            # overlap_steps, a deferred or half-period publish, joining an open round (a commit
+            # arriving notifies by itself)
+            self._attention = True
 
     def _scheduled_now(self, run: _Running) -> set[int]:
         """Fragments to publish by the schedule now (see :mod:`gradientmail.algorithms.schedule`)."""
@@ -348,17 +396,16 @@ class Session:
         state = run.fragments[commit.fragment]
         if commit.version <= state.anchor_version:
             return
-        committed = self._tensors(commit.params)
         merged = commit.ours_merged and state.published_step is not None and commit.base_version == state.anchor_version
         published_step = state.published_step
         if self.algorithm.carry_unmerged:
-            aligned = self._carry(state, merged, commit.version, committed)
+            self._carry(state, merged, commit)
         else:  # the guide's behaviour: the commit replaces (or, with mixing, blends with) the local work
             local = self.backend.read_parameters(self.model, state.names) if self.algorithm.mixing > 0 else {}
-            aligned = aligned_parameters(self.backend, local, committed, self.algorithm.mixing)
+            aligned = aligned_parameters(self.backend, local, self._tensors(commit.params), self.algorithm.mixing)
+            self.backend.write_parameters(self.model, aligned)
             state.align_step, state.align_samples = self.stats.steps, self.stats.samples
-        self.backend.write_parameters(self.model, aligned)
-        state.anchor, state.anchor_version, state.anchor_step = committed, commit.version, self.stats.steps
+        state.anchor, state.anchor_version, state.anchor_step = commit.params, commit.version, self.stats.steps
         state.published_step, state.published_params = None, None
         state.due_step = schedule.next_due(self.stats.steps, published_step if merged else None, self.algorithm.sync_every)
         state.half_period_pending = False
@@ -366,32 +413,59 @@ class Session:
         self.stats.alignments += 1
         self.stats.versions[commit.fragment] = commit.version
 
-    def _carry(self, state: _Fragment, merged: bool, version: int, committed: dict[str, Tensor]) -> Mapping[str, Tensor]:
-        """The parameters after aligning with a commit while carrying the work it did not merge.
+    def _carry(self, state: _Fragment, merged: bool, commit: Commit) -> None:
+        """Align with a commit while carrying the work it did not merge: θ ← θ_commit − (θ_start − θ).
 
         If the commit merged our contribution, the unmerged work is what we trained since
-        publishing it; otherwise all we trained since our work was last merged. Work spanning
-        more than ``max_carried_steps`` is dropped instead and reported with the next contribution.
+        publishing it (θ_start: the published snapshot); otherwise all we trained since our work
+        was last merged (θ_start: the anchor). Work spanning more than ``max_carried_steps`` is
+        dropped instead and reported with the next contribution. The exchange thread has
+        usually computed θ_commit − θ_start already; then this adds it to θ in place.
         """
         if merged:
             assert state.published_params is not None and state.published_step is not None
-            start, state.align_step, state.align_samples = state.published_params, state.published_step, state.published_samples
+            start: Mapping[str, np.ndarray] = state.published_params.arrays
+            source = ("published", state.published_serial)
+            state.align_step, state.align_samples = state.published_step, state.published_samples
             state.realigned.clear()  # the merged contribution reported them
         else:
-            start = state.anchor
+            start, source = state.anchor, ("anchor", state.anchor_version)
         span = self.stats.steps - state.align_step
         if span > self.algorithm.carry_limit_steps:
             state.realigned.append(
                 Realignment(
-                    steps=span, samples=self.stats.samples - state.align_samples, reason="carry_limit", at_version=version
+                    steps=span,
+                    samples=self.stats.samples - state.align_samples,
+                    reason="carry_limit",
+                    at_version=commit.version,
                 )
             )
             state.align_step, state.align_samples = self.stats.steps, self.stats.samples
-            return committed
+            self.backend.write_parameters(self.model, self._tensors(commit.params))
+            return
         if span == 0:
-            return committed
+            self.backend.write_parameters(self.model, self._tensors(commit.params))
+            return
+        if commit.correction is not None and commit.correction_from == source:
+            add_in_place(self.backend, self.model, commit.correction)
+            return
+        # the exchange guessed another start (a race with this thread): compute it here
         local = self.backend.read_parameters(self.model, state.names)
-        return carried_parameters(self.backend, committed, start, local)
+        aligned = carried_parameters(self.backend, self._tensors(commit.params), self._tensors(start), local)
+        self.backend.write_parameters(self.model, aligned)
+
+    def _snapshot(self, state: _Fragment) -> HostBuffer:
+        """The fragment's parameters copied to host memory, into a buffer the exchange no longer
+        reads (one device→host copy; the only work a contribution costs this thread)."""
+        live = dict(self.backend.named_parameters(self.model))
+        for buffer in state.buffers:
+            if not buffer.held and buffer is not state.published_params:
+                fill_buffer(self.backend, buffer, live, state.names)
+                return buffer
+        buffer = new_buffer(self.backend, live, state.names)
+        if self.backend.name in _REUSABLE:
+            state.buffers.append(buffer)  # others (MLX) are fresh arrays each time
+        return buffer
 
     def _publish(self, run: _Running, fragment: int, *, final: bool) -> None:
         state = run.fragments[fragment]
@@ -404,8 +478,7 @@ class Session:
             state.deferred = True
             return
         state.deferred = False
-        local = self.backend.read_parameters(self.model, state.names)
-        delta = pseudo_gradient(self.backend, state.anchor, local, run.spec.delta_dtype)
+        snapshot = self._snapshot(state)
         counts = ContributionCounts(
             steps=steps,
             samples=self.stats.samples - state.align_samples,
@@ -414,11 +487,11 @@ class Session:
             carried_steps=max(0, state.anchor_step - state.align_step),
             realigned=tuple(state.realigned),
         )
-        run.exchange.publish(
-            Publication(fragment, state.anchor_version, {n: self.backend.to_numpy(t) for n, t in delta.items()}, counts)
-        )
+        self._serial += 1
+        run.exchange.publish(Publication(fragment, state.anchor_version, state.anchor, snapshot, counts, self._serial))
         state.published_step, state.published_samples = self.stats.steps, self.stats.samples
-        state.published_params = local if self.algorithm.carry_unmerged else None
+        state.published_params = snapshot if self.algorithm.carry_unmerged else None
+        state.published_serial = self._serial
         state.half_period_pending = False
         self.stats.contributions += 1
 
@@ -523,12 +596,12 @@ class Session:
             self.stats.dropped_at_close[fragment] = self.stats.steps - state.align_step
             newest = self._store.newest_version(fragment, known=state.anchor_version)
             if newest is not None and newest > state.anchor_version:
-                params = self._tensors(self._store.read_params(run.spec, self._store.read_round(fragment, newest)))
-                self.backend.write_parameters(self.model, params)
+                params = self._store.read_params(run.spec, self._store.read_round(fragment, newest))
+                self.backend.write_parameters(self.model, self._tensors(params))
                 state.anchor, state.anchor_version = params, newest
                 self.stats.versions[fragment] = newest
             else:  # drop the steps since the last contribution: back to the committed anchor
-                self.backend.write_parameters(self.model, state.anchor)
+                self.backend.write_parameters(self.model, self._tensors(state.anchor))
 
     def _tensors(self, arrays: Mapping[str, Any]) -> dict[str, Tensor]:
         return {name: self.backend.from_numpy(array) for name, array in arrays.items()}
@@ -558,3 +631,64 @@ class Session:
     def versions(self) -> Mapping[int, int]:
         """The committed version each fragment is aligned with."""
         return dict(enumerate(self.stats.versions))
+
+
+# -- the training thread's host copies -------------------------------------------------------
+
+
+def new_buffer(backend: Backend, live: Mapping[str, Tensor], names: Sequence[str]) -> HostBuffer:
+    """A host snapshot of ``names``, filled: preallocated once for PyTorch (pinned memory for
+    accelerator parameters) and NumPy, a fresh copy for other frameworks."""
+    if backend.name == "torch":
+        import torch
+
+        targets: dict[str, object] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for name in names:
+            param = live[name]
+            pinned = param.device.type == "cuda"
+            target = torch.empty(param.shape, dtype=param.dtype, device="cpu", pin_memory=pinned)
+            targets[name], arrays[name] = target, backend.to_numpy(target)  # shares the memory
+        buffer = HostBuffer(arrays, targets)
+        fill_buffer(backend, buffer, live, names)
+        return buffer
+    if backend.name == "numpy":
+        return HostBuffer({name: np.array(live[name], copy=True) for name in names})
+    return HostBuffer({name: backend.to_numpy(backend.copy(live[name])) for name in names})
+
+
+def fill_buffer(backend: Backend, buffer: HostBuffer, live: Mapping[str, Tensor], names: Sequence[str]) -> None:
+    """Copy the live parameters into a reusable buffer (no allocation)."""
+    if buffer.targets:
+        import torch
+
+        with torch.no_grad():
+            for name in names:
+                target = buffer.targets[name]
+                assert isinstance(target, torch.Tensor)
+                target.copy_(live[name].detach())
+        return
+    for name in names:
+        np.copyto(buffer.arrays[name], np.asarray(live[name]))
+
+
+def add_in_place(backend: Backend, model: Any, corrections: Mapping[str, np.ndarray]) -> None:
+    """θ += correction for each named parameter (fp32 arithmetic, the parameter's dtype)."""
+    live = dict(backend.named_parameters(model))
+    if backend.name == "torch":
+        import torch
+
+        with torch.no_grad():
+            for name, correction in corrections.items():
+                param = live[name]
+                param.add_(torch.from_numpy(correction).to(param.device))
+        return
+    if backend.name == "numpy":
+        for name, correction in corrections.items():
+            target = live[name]
+            if target.dtype == np.float32:
+                np.add(target, correction, out=target)
+            else:
+                target[...] = (target.astype(np.float32) + correction).astype(target.dtype)
+        return
+    backend.write_parameters(model, {name: backend.add(live[name], backend.from_numpy(c)) for name, c in corrections.items()})

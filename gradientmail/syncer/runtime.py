@@ -15,11 +15,25 @@ state, loaded from the mailbox alone when it takes over) and the round open on i
 
 A node that loses the create-once race drops its result and reloads; it never overwrites.
 The election runs on a thread of its own, so lease renewals never wait behind transfers.
+
+Polling (docs/session.md, "Polling"): only the elected node reads the learners' leases,
+every ``idle_interval_s`` (a third of the lease TTL by default: how often they are renewed),
+or every ``poll_interval_s`` while a round waits for quorum. The others read only the syncer
+lease, at the same idle pace, and at ``poll_interval_s`` once it has stood still long enough
+to expire. While elected, a full pass lists each fragment's contributions (one LIST); it runs
+every ``poll_interval_s`` after any activity and backs off (×2 per quiet pass) to
+``IDLE_COLLECT_MAX_S`` while nothing arrives. The head pointer is probed (a HEAD) only once per
+idle interval, or when a listed contribution names a newer base. A round becomes due when a
+contribution is seen, or a learner in this process says it uploaded one
+(``contribution_published``): the loop then hurries, and the passes in between look only at
+the fragments with a round pending; during a grace window the next pass is timed for its end.
+A commit is announced to ``on_commit`` (the learner in this process fetches it at once).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,7 +41,7 @@ from dataclasses import dataclass, field
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend, Tensor
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
-from gradientmail.polling import PollingLoop
+from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import LeaseObserver, RunSpec, RunStore, live_learners
 from gradientmail.store.retention import ORPHAN_GRACE_VERSIONS
@@ -50,6 +64,11 @@ __all__ = ["SyncerRuntime"]
 
 log = logging.getLogger(__name__)
 
+IDLE_COLLECT_MAX_S = 2.0
+"""The longest pause between two listings of contributions while none arrive (the backoff's
+cap; never above the idle interval nor below ``poll_interval_s``). A contribution from another
+process waits at most this long to be seen when it is the first after a quiet spell."""
+
 
 @dataclass
 class OpenRound:
@@ -68,6 +87,10 @@ class OpenRound:
     grace_s: float = 0.0
     fetch_s: float = 0.0
     accepted_at_quorum: int = 0
+    hurried: bool = False
+    """Whether the syncer's loop hurried for this round already (once per round: a bounded cost)."""
+    lagging: bool = False
+    """A listed contribution names a base newer than ours: probe for the newer version next pass."""
 
     @property
     def learners(self) -> set[str]:
@@ -102,6 +125,8 @@ class SyncerRuntime:
         poll_interval_s: float,
         lease_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_commit: Callable[[int, int], None] | None = None,
+        idle_interval_s: float | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -119,12 +144,29 @@ class SyncerRuntime:
         self._blobs_of: dict[tuple[int, int], frozenset[str]] = {}
         """(fragment, version) → the blob keys its record references (retention's orphan check)."""
         self._loop = PollingLoop(f"gm-syncer-{node_id}", self._rounds_pass, poll_interval_s)
+        self._poll_interval_s = poll_interval_s
+        self._idle_interval_s = idle_interval(poll_interval_s, ttl_s, idle_interval_s)
+        self._collect_max_s = max(poll_interval_s, min(self._idle_interval_s, IDLE_COLLECT_MAX_S))
+        self._collect_every_s = poll_interval_s
+        """The pace of the full pass now: ``poll_interval_s`` after activity, doubling per quiet
+        pass up to ``_collect_max_s``."""
+        self._activity = False
+        self._expected: list[tuple[float, float]] = []
+        """Windows (syncer clock) around which learners' leases say contributions are due."""
+        self._leases_at = float("-inf")
+        self._election_read_at = float("-inf")
+        self._head_at: dict[int, float] = {}
+        self._on_commit = on_commit
+        self._full_at = float("-inf")
+        self._notified: set[int] = set()
+        self._notified_lock = threading.Lock()
         self._election_loop = PollingLoop(f"gm-election-{node_id}", self._poll_election, poll_interval_s)
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
         self.learner_leases_expired = 0
-        """Learner leases this node saw expire unreleased (every node watches them all; for telemetry)."""
+        """Learner leases this node saw expire unreleased while elected (only the elected node
+        watches them; for telemetry)."""
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -145,30 +187,129 @@ class SyncerRuntime:
     # -- one pass ------------------------------------------------------------------
     def run_once(self) -> None:
         """One pass: election, live learners, and (if elected) every fragment's round (what the
-        two threads do between them, in one call: for tests and tools)."""
-        self._poll_election()
+        two threads do between them, in one call, reading everything whatever the pace: for
+        tests and tools)."""
+        self.election.poll()
+        self._election_read_at = self._clock()
+        self._full_at = float("-inf")  # a full pass, whenever the last one was
+        self._leases_at = float("-inf")
+        self._head_at.clear()
         self._rounds_pass()
+        if not self.election.is_leader:
+            self._read_leases()  # the background passes of a node not elected leave them unread
 
     def _poll_election(self) -> None:
-        self.election.poll()
+        """The election loop's pass. The holder renews when due (no request otherwise); a watcher
+        reads the syncer lease once per idle interval (it is renewed every TTL/3), and at every
+        pass once the token it watches has stood still for a TTL (the lease has expired in its
+        judgement: take over now, not an idle interval later)."""
+        election = self.election
+        now = self._clock()
+        if not election.is_leader:
+            age = election.lease_age()
+            expired = age is not None and age >= election.ttl_s
+            if not expired and now - self._election_read_at < 0.99 * self._idle_interval_s:
+                return
+        self._election_read_at = now
+        election.poll()
 
-    def _rounds_pass(self) -> None:
+    @property
+    def loop(self) -> PollingLoop:
+        return self._loop
+
+    def contribution_published(self, fragment: int) -> None:
+        """A learner in this process uploaded a contribution to ``fragment``: look now, and
+        hurry until its round commits (or the hurry's bound)."""
+        with self._notified_lock:
+            self._notified.add(fragment)
+        self._loop.hurry()
+
+    def _read_leases(self) -> None:
+        """Read the learners' leases (one LIST and a GET each): who is live, and when their next
+        contributions are due (``due_in_s``, a hint: it only sets the pace of the listing)."""
+        now = self._leases_at = self._clock()
         previous, self.live = self.live, live_learners(self.store, self._observer)
         self._count_expired(previous)
+        windows = []
+        for lease in self.live.values():
+            due_in = lease.info.get("due_in_s")
+            if isinstance(due_in, int | float) and not isinstance(due_in, bool) and 0 <= due_in < 1e9:
+                # written up to a renewal interval before this read; the upload takes a while after
+                windows.append((now + due_in - self._idle_interval_s, now + due_in + self._idle_interval_s))
+        self._expected = windows
+
+    def _expecting(self, now: float) -> tuple[bool, float]:
+        """Whether a learner's contribution is due about now (its lease said so), and the
+        seconds until the next such window opens (infinite when none)."""
+        inside = any(start <= now <= end for start, end in self._expected)
+        upcoming = [start - now for start, _ in self._expected if start > now]
+        return inside, min(upcoming, default=float("inf"))
+
+    def _leases_in(self, now: float) -> float:
+        """Seconds until the elected node should read the learners' leases again: once per idle
+        interval, at the regular pace while a round waits for quorum (whether every live learner
+        is in decides it), and when a live lease will have stood still for a TTL (it expires)."""
+        waiting = any(view.round.accepted and view.round.quorum_at is None for view in self._views.values())
+        every = self._poll_interval_s if waiting else self._idle_interval_s
+        due = self._leases_at + every - now
+        for learner in self.live:
+            due = min(due, self._observer.ttl_s - self._observer.unchanged_for(keys.learner_lease(learner)))
+        return due
+
+    def _rounds_pass(self) -> None:
+        now = self._clock()
+        with self._notified_lock:
+            notified, self._notified = self._notified, set()
         if not self.election.is_leader:
             self._views.clear()  # a future term recovers from the mailbox alone
+            self.live = {}  # only the elected node watches the learners' leases
+            self._leases_at = float("-inf")
+            self._expected = []
+            self._collect_every_s = self._poll_interval_s
+            self._loop.settle()
             return
-        for fragment in range(len(self.spec.fragments)):
+        if self._leases_in(now) <= 0.01 * self._idle_interval_s:
+            self._read_leases()
+        full = now - self._full_at >= 0.9 * self._collect_every_s
+        pending = {f for f, view in self._views.items() if view.round.accepted}
+        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
+        if full:
+            self._full_at = now
+        self._activity = bool(notified)
+        for fragment in fragments:
             if self._loop.stopping or not self.election.is_leader:
                 return
             self._advance(fragment)
+        busy = any(view.round.accepted for view in self._views.values())
+        now = self._clock()
+        expected, window_in = self._expecting(now)
+        if self._activity or busy or expected:
+            self._collect_every_s = self._poll_interval_s
+        elif full:
+            self._collect_every_s = min(self._collect_max_s, 2 * self._collect_every_s)
+        self._loop.interval_s = self._collect_every_s
+        if window_in < self._collect_every_s:  # a window opens before the next full pass: be there
+            self._collect_every_s = self._poll_interval_s
+        self._loop.pause_at_most(max(0.0, min(self._full_at + self._collect_every_s - now, self._leases_in(now), window_in)))
+        if not busy and not notified:
+            self._loop.settle()  # no round due: back to the regular pace
 
     def _advance(self, fragment: int) -> None:
         view = self._views.get(fragment)
-        newest = self.store.newest_version(fragment, known=view.version if view else None)
-        if newest is None:
-            return  # not initialised yet by the first learner
+        now = self._clock()
+        # Our own commits move the view; another writer's (a lost race, a deposed holder) shows as
+        # contributions on a newer base, else the head probe once per idle interval finds it.
+        probe = view is None or view.round.lagging or now - self._head_at.get(fragment, float("-inf")) >= self._idle_interval_s
+        if probe:
+            self._head_at[fragment] = now
+            newest = self.store.newest_version(fragment, known=view.version if view else None)
+            if newest is None:
+                return  # not initialised yet by the first learner
+        else:
+            assert view is not None
+            newest = view.version
         if view is None or newest > view.version:
+            self._activity = True
             committed = self.store.load_version(self.spec, fragment, newest)
             view = FragmentView(
                 newest,
@@ -183,6 +324,9 @@ class SyncerRuntime:
         current = view.round
         if not current.accepted:
             return
+        if not current.hurried:  # a round is due: more contributions, or its close, come soon
+            current.hurried = True
+            self._loop.hurry()
         now = self._clock()
         everyone = set(self.live) <= current.learners
         if current.quorum_at is None:
@@ -194,6 +338,7 @@ class SyncerRuntime:
             grace.observe_step_times(a.contribution.step_time_s for a in current.accepted)
             current.grace_s = 0.0 if everyone else grace.window(now - (current.first_seen_at or now))
         if not everyone and now < current.quorum_at + current.grace_s:
+            self._loop.pause_at_most(current.quorum_at + current.grace_s - now)
             return
         self._close(fragment, view)
 
@@ -213,9 +358,13 @@ class SyncerRuntime:
     def _collect(self, fragment: int, view: FragmentView) -> None:
         current = view.round
         for key in self.store.contributions(fragment):
-            if key.record in current.seen or key.base_version > view.version:
-                continue  # a newer base means our view lags; the next pass reloads
+            if key.record in current.seen:
+                continue
+            if key.base_version > view.version:
+                current.lagging = self._activity = True  # our view lags; the next pass reloads
+                continue
             current.seen.add(key.record)
+            self._activity = True
             if key.base_version < view.version and not self._mergeable_late(fragment, key, view):
                 self._old_contribution(fragment, key, view)
                 continue
@@ -364,6 +513,9 @@ class SyncerRuntime:
         self._views[fragment] = FragmentView(
             record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at), stored.sha256
         )
+        self._activity = True
+        if self._on_commit is not None:
+            self._on_commit(fragment, record.version)
         telemetry.round_committed(
             self,
             fragment,
