@@ -16,7 +16,7 @@ At the end the learners are stopped with SIGTERM (they close cleanly, flushing t
 the run is judged from the mailbox: commits per fragment, double commits (a record whose
 bytes changed, or a contribution merged by two rounds), lost commits (a record seen during
 the run that is gone or changed), contiguous version chains, takeover times after the
-holder was killed against the promised bound (lease TTL + one poll), the share of learner
+holder was killed against the promised bound (lease TTL + one idle interval + one poll, INV-6), the share of learner
 steps merged, and ``gradientmail audit``. Prints a table of targets and writes
 ``runs/chaos-<time>/result.json``. Exits 1 when a safety figure (double or lost commits, a
 broken chain) fails, else 0.
@@ -50,6 +50,7 @@ from benchmarks.fault_proxy import FAULT_KINDS, FaultProxy
 from benchmarks.seaweed import Seaweed, die_with_parent, find_weed
 from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import Mailbox, open_mailbox
+from gradientmail.polling import idle_interval
 from gradientmail.records import Lease, RoundRecord, keys
 from gradientmail.store import LeaseRead, RunStore
 
@@ -580,7 +581,7 @@ def run(
         else "audit not available: unverified, not counted as lost" if not audit["available"]
         else "the audit failed: counted as lost"
     )  # fmt: skip
-    bound = TTL_S + POLL_S
+    bound = TTL_S + idle_interval(POLL_S, TTL_S) + POLL_S  # INV-6
     takeovers = [asdict(t) for t in monitor.takeovers]
     times = [t["takeover_s"] for t in takeovers if t["takeover_s"] is not None]
     worst = max(times) if times else None
@@ -656,7 +657,7 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
         print(f" → {t['new_holder']}, term {t['new_term']}{commit}" if t["new_holder"] else "")
     bound, worst = r["takeover_bound_s"], r["takeover_max_s"]
     if worst is not None:
-        print(f"takeover max {worst:.2f} s vs TTL + one poll = {bound:.2f} s: ratio {r['takeover_ratio']:.2f}")
+        print(f"takeover max {worst:.2f} s vs TTL + idle interval + one poll = {bound:.2f} s: ratio {r['takeover_ratio']:.2f}")
     shares = ", ".join(f"fragment {f}: {share:.3f}" for f, share in r["merged_share_per_fragment"].items())
     print(
         f"learner steps: trained {r['trained_steps']} (each counts once per fragment), merged {r['merged_steps']}: "
@@ -686,7 +687,7 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
             audit["exit_code"] == 0 if audit["available"] else None,
         ),
         (
-            f"every takeover ≤ TTL + one poll = {bound:.2f} s (max {'-' if worst is None else f'{worst:.2f}'} s, "
+            f"every takeover ≤ TTL + idle interval + one poll = {bound:.2f} s (max {'-' if worst is None else f'{worst:.2f}'} s, "
             f"{unresolved} unresolved)",
             (worst is None or worst <= bound) and not unresolved if r["takeovers"] else None,
         ),

@@ -143,7 +143,11 @@ class NodeSettings(BaseSettings):
     """Seconds without renewal after which a learner or the syncer counts as dead (the run's first
     learner records it; every node then uses the run's value)."""
     poll_interval_s: float = _SESSION.poll_interval_s
-    """Seconds between two passes of the background exchange and of the syncer."""
+    """Seconds between two passes of the background exchange and of the syncer while a commit or
+    a round is expected."""
+    idle_poll_interval_s: float | None = _SESSION.idle_poll_interval_s
+    """Seconds between the passes that only look for news while nothing is expected (and between
+    lease reads); unset: a third of the run's lease TTL. Lower is faster takeover and more requests."""
     run_syncer: bool = _SESSION.run_syncer
     """Take part in the syncer election; false for a node that should never close rounds."""
     commit_timeout_s: float = _SESSION.commit_timeout_s
