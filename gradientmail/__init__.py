@@ -8,6 +8,7 @@ from gradientmail._version import __version__
 from gradientmail.algorithms import (
     DiLoCo,
     FragmentPlan,
+    IsoC,
     NesterovOuter,
     OuterState,
     Rda,
@@ -57,6 +58,7 @@ __all__ = [
     "DiLoCo",
     "Rda",
     "WeightedMean",
+    "IsoC",
     "NesterovOuter",
     "OuterState",
     "FragmentPlan",

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo
-from gradientmail.algorithms.merge import Rda, WeightedMean
+from gradientmail.algorithms.merge import IsoC, Merge, Rda, WeightedMean
 from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
@@ -87,10 +87,12 @@ class NodeSettings(BaseSettings):
     """Local steps between two exchanges of the same fragment (H). Run-wide."""
     fragments: int = _ALGORITHM["fragments"].default
     """Fragments the model is split into (P), exchanged staggered across ``sync_every``. Run-wide."""
-    merge: Literal["rda", "weighted_mean"] = "rda"
-    """How the syncer merges accepted deltas: ``rda`` or ``weighted_mean``. Run-wide."""
+    merge: Literal["rda", "weighted_mean", "iso_c"] = "rda"
+    """How the syncer merges accepted deltas: ``rda``, ``weighted_mean`` or ``iso_c``. Run-wide."""
     direct_pattern: str | None = Rda.model_fields["direct_pattern"].default
-    """With ``merge=rda``: tensors whose name contains this take the weighted mean (embeddings)."""
+    """With ``merge=rda`` or ``iso_c``: tensors whose name contains this take the weighted mean (embeddings)."""
+    iso_c_form: Literal["exact", "fast"] = IsoC.model_fields["form"].default
+    """With ``merge=iso_c``: ``exact`` (SVD) or ``fast`` (Newton–Schulz). Run-wide."""
     outer_lr: float = _ALGORITHM["outer_lr"].default
     """Nesterov outer learning rate. Run-wide."""
     outer_momentum: float = _ALGORITHM["outer_momentum"].default
@@ -196,7 +198,13 @@ class NodeSettings(BaseSettings):
             raise invalid_config(error) from None
 
     def algorithm(self) -> DiLoCo:
-        merge = Rda(direct_pattern=self.direct_pattern) if self.merge == "rda" else WeightedMean()
+        merge: Merge
+        if self.merge == "rda":
+            merge = Rda(direct_pattern=self.direct_pattern)
+        elif self.merge == "iso_c":
+            merge = IsoC(form=self.iso_c_form, direct_pattern=self.direct_pattern)
+        else:
+            merge = WeightedMean()
         knobs = {name: getattr(self, name) for name in _ALGORITHM if name != "merge"}
         return DiLoCo(merge=merge, **knobs)
 

@@ -3,7 +3,7 @@
 from gradientmail.algorithms.align import aligned_parameters, pseudo_gradient
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.fragments import FragmentPlan, due_fragments, is_due, plan_fragments
-from gradientmail.algorithms.merge import Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
+from gradientmail.algorithms.merge import IsoC, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
 from gradientmail.algorithms.outer import NesterovOuter, OuterState
 from gradientmail.algorithms.schedule import (
     OnSchedule,
@@ -19,6 +19,7 @@ __all__ = [
     "DiLoCo",
     "Rda",
     "WeightedMean",
+    "IsoC",
     "weight",
     "weighted_mean",
     "rda",

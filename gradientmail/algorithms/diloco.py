@@ -12,11 +12,11 @@ from typing import Any
 from pydantic import Field, ValidationInfo, field_validator
 
 from gradientmail.algorithms.config_base import FrozenConfig
-from gradientmail.algorithms.merge import MergeConfig, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
+from gradientmail.algorithms.merge import IsoC, MergeConfig, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
 from gradientmail.algorithms.outer import NesterovOuter
 from gradientmail.backends.payload import FLOAT_DTYPES
 
-__all__ = ["DiLoCo", "Rda", "WeightedMean", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
+__all__ = ["DiLoCo", "Rda", "WeightedMean", "IsoC", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
 
 RUN_FIELDS = (
     "sync_every",
@@ -51,7 +51,7 @@ class DiLoCo(FrozenConfig):
     fragments: int = Field(default=1, gt=0)
     """Number of fragments (P), exchanged staggered across ``sync_every``."""
     merge: MergeConfig = Field(default_factory=Rda)
-    """How the syncer merges accepted deltas: ``Rda()`` (default) or ``WeightedMean()``."""
+    """How the syncer merges accepted deltas: ``Rda()`` (default), ``WeightedMean()`` or ``IsoC()``."""
     outer_lr: float = Field(default=0.7, gt=0)
     """Nesterov outer learning rate η."""
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)

@@ -1,4 +1,4 @@
-"""Contribution weights and the two merges: weighted mean and radial-directional averaging.
+"""Contribution weights and the merges: weighted mean, radial-directional averaging and Iso-C.
 
 Formulas and the numbers they must reproduce are in the merge note (docs/algorithms.md).
 Every function is written once against :class:`~gradientmail.backends.Backend`; the
@@ -14,6 +14,9 @@ each delta once; standalone it takes them itself (a second pass). :func:`merge_t
 also leaves the final scale ``r̄/‖u‖`` unapplied (a :class:`MergedDelta`) so the outer step
 folds it into its own single pass. :func:`merge_tensors`, :func:`rda` and
 :func:`weighted_mean` apply it and return plain tensors, with the same results as before.
+
+Iso-C (issue 14) is the weighted mean followed by one isotropic step per matrix; its mean
+singular value is the unapplied scale, its ``U·Vᵀ`` the tensor (:meth:`IsoC.isotropic`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from gradientmail.algorithms.config_base import FrozenConfig
 from gradientmail.backends import Backend, Tensor, backend_for
@@ -147,19 +150,64 @@ class Rda(FrozenConfig):
         return self.direct_pattern is not None and self.direct_pattern in tensor_name.lower()
 
 
-MergeConfig = Annotated[Rda | WeightedMean, Field(discriminator="kind")]
+class IsoC(FrozenConfig):
+    """Iso-C / IsoLoCo: the weighted mean, with every matrix's singular values replaced by their mean.
+
+    Per tensor: Δ = Σ wᵢΔᵢ / W; a tensor of ≥ 2 dims (viewed as ``(shape[0], -1)``, so a
+    conv kernel is ``(out, in·kh·kw)``) becomes ``mean(sigma)·U·Vᵀ`` over its non-zero singular
+    values; 0-d and 1-D tensors, and tensors named like ``direct_pattern`` (as for
+    :class:`Rda`), keep the weighted mean. The outer step is Nesterov, as for every merge.
+
+    ``form="exact"`` takes a float64 SVD (the definition; backends agree within 1e-5).
+    ``form="fast"`` orthogonalises by Newton–Schulz in fp32: ``ns_steps`` steps with Muon's
+    quintic coefficients, then ``polish_steps`` cubic steps that converge the singular values
+    to 1; ``fast_scale`` picks the mean-singular-value estimate: ``"mean"`` (⟨O, Δ⟩/‖O‖², the
+    nuclear norm over the rank once O is orthogonal) or ``"rms"`` (the paper's ‖Δ‖_F/√min(m, n),
+    larger than the mean on any non-flat spectrum). Measured gaps: docs/algorithms.md.
+    """
+
+    kind: Literal["iso_c"] = "iso_c"
+    form: Literal["exact", "fast"] = "exact"
+    direct_pattern: str | None = Field(default="embed", min_length=1)
+    ns_steps: int = Field(default=6, ge=0, le=100)
+    polish_steps: int = Field(default=3, ge=0, le=100)
+    fast_scale: Literal["mean", "rms"] = "mean"
+
+    def uses_weighted_mean(self, tensor_name: str) -> bool:
+        return self.direct_pattern is not None and self.direct_pattern in tensor_name.lower()
+
+    @field_validator("polish_steps")
+    @classmethod
+    def _fast_form_iterates(cls, value: int, info: ValidationInfo) -> int:
+        if info.data.get("form") == "fast" and info.data.get("ns_steps") == 0 and value == 0:
+            raise ValueError("the fast form needs at least one Newton–Schulz step (ns_steps + polish_steps > 0)")
+        return value
+
+    def isotropic(self, backend: Backend, mean: Tensor) -> tuple[Tensor, float]:
+        """``(direction, scale)`` of the isotropic form of one merged matrix (≥ 2 dims)."""
+        if self.form == "exact":
+            return backend.isotropic_exact(mean)
+        return backend.isotropic_fast(mean, ns_steps=self.ns_steps, polish_steps=self.polish_steps, scale=self.fast_scale)
+
+
+Merge = Rda | WeightedMean | IsoC
+"""Any merge configuration."""
+
+MergeConfig = Annotated[Merge, Field(discriminator="kind")]
 """The merge field of :class:`~gradientmail.algorithms.diloco.DiLoCo` (manifest: ``{"kind": …}``)."""
 
-MERGE_KINDS = ("rda", "weighted_mean")
+MERGE_KINDS = ("rda", "weighted_mean", "iso_c")
 
 
-def merge_from_manifest(form: Mapping[str, object]) -> Rda | WeightedMean:
+def merge_from_manifest(form: Mapping[str, object]) -> Merge:
     """The merge configuration for its manifest form; unknown kinds name the field."""
     kind = form.get("kind") if isinstance(form, Mapping) else None
     if kind == "rda":
         return Rda.from_manifest(form)
     if kind == "weighted_mean":
         return WeightedMean.from_manifest(form)
+    if kind == "iso_c":
+        return IsoC.from_manifest(form)
     raise InvalidConfig("merge.kind", f"unknown merge kind {kind!r}; expected one of {list(MERGE_KINDS)}")
 
 
@@ -189,7 +237,7 @@ class MergedDelta(Mapping[str, Tensor]):
 
 
 def merge_tensors_scaled(
-    merge: Rda | WeightedMean,
+    merge: Merge,
     deltas: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     backend: Backend | None = None,
@@ -215,6 +263,9 @@ def merge_tensors_scaled(
         column = [delta[name] for delta in deltas]
         if merge.uses_weighted_mean(name):
             parts[name] = (weighted_mean(column, weights, backend), 1.0)
+        elif isinstance(merge, IsoC):
+            mean = weighted_mean(column, weights, backend)
+            parts[name] = merge.isotropic(backend, mean) if len(backend.shape(mean)) >= 2 else (mean, 1.0)
         else:
             known = [n[name] for n in norms] if norms is not None else None
             parts[name] = rda_unscaled(column, weights, backend, norms=known)
@@ -222,7 +273,7 @@ def merge_tensors_scaled(
 
 
 def merge_tensors(
-    merge: Rda | WeightedMean,
+    merge: Merge,
     deltas: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     backend: Backend | None = None,

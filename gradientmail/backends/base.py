@@ -148,6 +148,33 @@ class Backend(ABC):
         update = self.scale(self.add(grad, self.scale(new_momentum, beta)), lr)
         return self.sub(theta, update), new_momentum
 
+    # -- Iso-C (issue 14; see gm.IsoC and docs/algorithms.md) --------------------------
+    def isotropic_exact(self, tensor: Tensor) -> tuple[Tensor, float]:
+        """Exact Iso-C of a tensor of ≥ 2 dims (viewed as ``(shape[0], -1)``): ``(D, s)`` with
+        ``D = U_r·V_rᵀ`` (fp32, the tensor's shape) and ``s`` the mean of its r non-zero singular
+        values, so the isotropic tensor is ``s·D``. Computed in float64 through LAPACK's SVD;
+        singular values at or below ``sigma_max·max(m, n)·ε_fp32`` count as zero. Same input, same
+        bytes (on one backend and machine); backends agree within 1e-5.
+
+        The generic form goes through NumPy (the reference); backends override it.
+        """
+        from gradientmail.backends.numpy_backend import isotropic_exact_array
+
+        direction, factor = isotropic_exact_array(self.to_numpy(self.to_fp32(tensor)))
+        return self.from_numpy(direction), factor
+
+    def isotropic_fast(self, tensor: Tensor, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[Tensor, float]:
+        """Fast Iso-C: ``(O, s)`` with ``O ≈ U·Vᵀ`` from ``ns_steps`` quintic and ``polish_steps``
+        cubic Newton–Schulz steps in fp32, and ``s`` the mean-singular-value estimate ``scale``
+        names (``"mean"``: ⟨O, Δ⟩/‖O‖²; ``"rms"``: ‖Δ‖_F/√min(m, n)). See
+        :func:`gradientmail.backends.numpy_backend.isotropic_fast_array`."""
+        from gradientmail.backends.numpy_backend import isotropic_fast_array
+
+        ortho, factor = isotropic_fast_array(
+            self.to_numpy(self.to_fp32(tensor)), ns_steps=ns_steps, polish_steps=polish_steps, scale=scale
+        )
+        return self.from_numpy(ortho), factor
+
     # -- NumPy bridge (the Safetensors codec is written once on top of it) ---------
     @abstractmethod
     def to_numpy(self, tensor: Tensor) -> np.ndarray:

@@ -7,6 +7,7 @@ the element-wise work into one pass; norms accumulate in float64 on the CPU stre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
@@ -17,6 +18,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from gradientmail.backends.base import Backend, Tensor
+from gradientmail.backends.numpy_backend import CUBIC, QUINTIC, as_matrix
 from gradientmail.backends.payload import dtype_name_of
 
 _MLX_DTYPES: dict[str, mx.Dtype] = {
@@ -60,6 +62,38 @@ class MlxBackend(Backend):
         combined: mx.array = self.linear_combination(tensors, factors)  # lazy: one graph, evaluated once
         mx.eval(combined)
         return combined
+
+    # isotropic_exact: the generic NumPy/LAPACK form (MLX's SVD runs on the CPU stream in fp32
+    # only; through NumPy it is float64 and the bytes equal the NumPy backend's).
+
+    def isotropic_fast(self, tensor: mx.array, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[mx.array, float]:
+        # fp32 matrix products on MLX's default device (the GPU on Apple silicon)
+        shape = tuple(int(d) for d in tensor.shape)
+        rows, cols = as_matrix(shape)
+        delta = tensor.astype(mx.float32).reshape(rows, cols)
+        norm = self.norm(delta)
+        if delta.size == 0 or norm == 0.0:
+            return mx.zeros(shape, dtype=mx.float32), 0.0
+        x = delta.T if rows > cols else delta
+        x = x * (1.0 / norm)
+        a, b, c = QUINTIC
+        for _ in range(ns_steps):
+            gram = x @ x.T
+            x = a * x + (b * gram + c * (gram @ gram)) @ x
+        a, b = CUBIC
+        for _ in range(polish_steps):
+            x = a * x + b * ((x @ x.T) @ x)
+        ortho = (x.T if rows > cols else x).reshape(shape)
+        mx.eval(ortho)
+        if scale == "rms":
+            factor = norm / math.sqrt(min(rows, cols))
+        else:
+            wide = ortho.reshape(-1).astype(mx.float64, stream=mx.cpu)
+            flat = delta.reshape(-1).astype(mx.float64, stream=mx.cpu)
+            energy = float(cast(float, mx.sum(wide * wide, stream=mx.cpu).item()))
+            inner = float(cast(float, mx.sum(wide * flat, stream=mx.cpu).item()))
+            factor = inner / energy if energy > 0.0 else 0.0
+        return ortho, factor
 
     def outer_update(
         self,

@@ -255,6 +255,12 @@ class NumpyBackend(Backend):
     def combine_sumsq(self, tensors: Sequence[Tensor], factors: Sequence[float]) -> tuple[np.ndarray, float]:
         return combine_arrays([np.asarray(t) for t in tensors], factors, sumsq=True)
 
+    def isotropic_exact(self, tensor: Tensor) -> tuple[np.ndarray, float]:
+        return isotropic_exact_array(np.asarray(tensor))
+
+    def isotropic_fast(self, tensor: Tensor, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[np.ndarray, float]:
+        return isotropic_fast_array(np.asarray(tensor), ns_steps=ns_steps, polish_steps=polish_steps, scale=scale)
+
     def outer_update(
         self,
         theta: Tensor,
@@ -333,3 +339,82 @@ class NumpyBackend(Backend):
         for name, value in values.items():
             target = model[name]
             target[...] = np.asarray(value).astype(target.dtype)
+
+
+# -- Iso-C: the isotropic form of a matrix (issue 14) ------------------------------------------
+
+QUINTIC = (3.4445, -4.7750, 2.0315)
+"""Muon's Newton–Schulz coefficients: X ← aX + (b·A + c·A²)X with A = XXᵀ. They push every
+singular value above ~1e-3 of the normalised matrix into [0.68, 1.2] in five steps, but do
+not converge to 1 (so alone they are not U·Vᵀ)."""
+CUBIC = (1.5, -0.5)
+"""The classic Newton–Schulz step X ← 1.5X − 0.5·XXᵀX: quadratic convergence to exactly 1 for
+singular values in (0, √3), so a few steps after the quintic ones polish [0.68, 1.2] to 1."""
+
+
+def rank_tolerance(shape: tuple[int, int], largest: float) -> float:
+    """Singular values at or below this are zero for Iso-C: ``sigma_max·max(m, n)·ε_fp32``, the
+    numerical rank ``np.linalg.matrix_rank`` uses for fp32 input (the merged delta is fp32)."""
+    return largest * max(shape) * float(np.finfo(np.float32).eps)
+
+
+def as_matrix(shape: tuple[int, ...]) -> tuple[int, int]:
+    """The matrix Iso-C sees for a tensor of ≥ 2 dims: ``(shape[0], prod(shape[1:]))``."""
+    if len(shape) < 2:
+        raise ValueError(f"Iso-C needs a tensor of at least 2 dims, got shape {shape}")
+    return shape[0], math.prod(shape[1:])
+
+
+def isotropic_exact_array(array: np.ndarray) -> tuple[np.ndarray, float]:
+    """Exact Iso-C of a tensor as ``(U_r·V_rᵀ in fp32, mean sigma)``: the result is their product.
+
+    The tensor (≥ 2 dims, viewed as ``(shape[0], -1)``) is taken to float64 and decomposed with
+    LAPACK's SVD; the r singular values above :func:`rank_tolerance` are replaced by their
+    mean, the rest stay zero (their singular vectors are arbitrary, so keeping them would add
+    an update in an arbitrary direction). A zero matrix gives zeros and 0.
+    """
+    shape = tuple(int(d) for d in np.shape(array))
+    rows, cols = as_matrix(shape)
+    matrix = np.asarray(array, dtype=np.float64).reshape(rows, cols)
+    if not matrix.size:
+        return np.zeros(shape, _F32), 0.0
+    left, sigma, right = np.linalg.svd(matrix, full_matrices=False)
+    rank = int(np.count_nonzero(sigma > rank_tolerance((rows, cols), float(sigma[0]))))
+    if rank == 0:
+        return np.zeros(shape, _F32), 0.0
+    direction = left[:, :rank] @ right[:rank]
+    return direction.astype(_F32).reshape(shape), float(np.mean(sigma[:rank]))
+
+
+def isotropic_fast_array(array: np.ndarray, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[np.ndarray, float]:
+    """Fast Iso-C as ``(O, s)``: O ≈ U·Vᵀ by Newton–Schulz in fp32, s ≈ the mean singular value.
+
+    ``ns_steps`` quintic steps (:data:`QUINTIC`) then ``polish_steps`` cubic ones (:data:`CUBIC`),
+    on the Frobenius-normalised matrix, iterating on its wide side (``XXᵀ`` is min(m, n)²).
+    ``scale``: ``"mean"`` estimates mean sigma as ⟨O, Δ⟩/‖O‖² (exact when O = U_r·V_rᵀ: nuclear
+    norm over rank); ``"rms"`` is the paper's proxy ‖Δ‖_F/√min(m, n), the RMS of the singular
+    values, which exceeds their mean on any non-flat spectrum.
+    """
+    shape = tuple(int(d) for d in np.shape(array))
+    rows, cols = as_matrix(shape)
+    delta = np.asarray(array, dtype=_F32).reshape(rows, cols)
+    norm = float(np.sqrt(np.sum(np.square(delta, dtype=np.float64))))
+    if not delta.size or norm == 0.0:
+        return np.zeros(shape, _F32), 0.0
+    x = delta.T if rows > cols else delta
+    x = x * np.float32(1.0 / norm)
+    a, b, c = (np.float32(v) for v in QUINTIC)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    a, b = (np.float32(v) for v in CUBIC)
+    for _ in range(polish_steps):
+        x = a * x + b * ((x @ x.T) @ x)
+    ortho = np.ascontiguousarray(x.T if rows > cols else x)
+    if scale == "rms":
+        factor = norm / math.sqrt(min(rows, cols))
+    else:
+        wide = ortho.astype(np.float64)
+        energy = float(np.sum(wide * wide))
+        factor = float(np.sum(wide * delta)) / energy if energy > 0.0 else 0.0
+    return ortho.reshape(shape), factor

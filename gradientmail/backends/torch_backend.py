@@ -15,6 +15,7 @@ an accelerator take the generic composition of torch ops (bandwidth-bound there 
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,7 +25,17 @@ import numpy as np
 import torch
 
 from gradientmail.backends.base import Backend, Tensor
-from gradientmail.backends.numpy_backend import combine_arrays, finite_norm_array, outer_arrays
+from gradientmail.backends.numpy_backend import (
+    CUBIC,
+    QUINTIC,
+    as_matrix,
+    combine_arrays,
+    finite_norm_array,
+    isotropic_exact_array,
+    isotropic_fast_array,
+    outer_arrays,
+    rank_tolerance,
+)
 from gradientmail.backends.payload import dtype_name_of
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -88,6 +99,57 @@ def _share(array: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
+def _float64_device(tensor: torch.Tensor) -> torch.device:
+    """Where float64 work on ``tensor`` runs: its own device, the host for MPS (no float64)."""
+    return tensor.device if tensor.device.type != "mps" else torch.device("cpu")
+
+
+def isotropic_exact_tensor(tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """:meth:`Backend.isotropic_exact` in torch ops: ``torch.linalg.svd`` in float64 on the
+    tensor's device (the host for MPS). What accelerator tensors take."""
+    source = tensor.detach()
+    shape = tuple(int(d) for d in source.shape)
+    rows, cols = as_matrix(shape)
+    matrix = source.to(device=_float64_device(source), dtype=torch.float32).to(torch.float64).reshape(rows, cols)
+    if matrix.numel() == 0:
+        return torch.zeros(shape, dtype=torch.float32, device=source.device), 0.0
+    left, sigma, right = torch.linalg.svd(matrix, full_matrices=False)
+    rank = int(torch.count_nonzero(sigma > rank_tolerance((rows, cols), float(sigma[0]))))
+    if rank == 0:
+        return torch.zeros(shape, dtype=torch.float32, device=source.device), 0.0
+    direction = (left[:, :rank] @ right[:rank]).to(torch.float32).reshape(shape)
+    return direction.to(source.device), float(sigma[:rank].mean())
+
+
+def isotropic_fast_tensor(tensor: torch.Tensor, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[torch.Tensor, float]:
+    """:meth:`Backend.isotropic_fast` in torch ops: fp32 matrix products on the tensor's own
+    device (the point of the fast form on a GPU), sums in float64. What accelerator tensors take."""
+    shape = tuple(int(d) for d in tensor.shape)
+    rows, cols = as_matrix(shape)
+    delta = tensor.detach().to(torch.float32).reshape(rows, cols)
+    wide_delta = delta.to(_float64_device(delta), torch.float64)
+    norm = float(torch.linalg.vector_norm(wide_delta)) if delta.numel() else 0.0
+    if norm == 0.0:
+        return torch.zeros(shape, dtype=torch.float32, device=tensor.device), 0.0
+    x = delta.T if rows > cols else delta
+    x = x * (1.0 / norm)
+    a, b, c = QUINTIC
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * (gram @ gram)) @ x
+    a, b = CUBIC
+    for _ in range(polish_steps):
+        x = a * x + b * ((x @ x.T) @ x)
+    ortho = (x.T if rows > cols else x).contiguous()
+    if scale == "rms":
+        factor = norm / math.sqrt(min(rows, cols))
+    else:
+        wide = ortho.to(wide_delta.device, torch.float64)
+        energy = float((wide * wide).sum())
+        factor = float((wide * wide_delta).sum()) / energy if energy > 0.0 else 0.0
+    return ortho.reshape(shape), factor
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -136,6 +198,20 @@ class TorchBackend(Backend):
             return super().combine_sumsq(tensors, factors)
         combined, sumsq = combine_arrays(views, factors, sumsq=True)
         return torch.from_numpy(combined), sumsq
+
+    def isotropic_exact(self, tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
+        host = _host_view(tensor)
+        if host is not None:  # host tensors: the NumPy kernel, same bytes as the NumPy backend
+            direction, factor = isotropic_exact_array(host)
+            return torch.from_numpy(direction), factor
+        return isotropic_exact_tensor(tensor)
+
+    def isotropic_fast(self, tensor: torch.Tensor, *, ns_steps: int, polish_steps: int, scale: str) -> tuple[torch.Tensor, float]:
+        host = _host_view(tensor)
+        if host is not None:  # NumPy's OpenBLAS gave the same bytes on 1 and 2 threads; torch's MKL did not
+            ortho, factor = isotropic_fast_array(host, ns_steps=ns_steps, polish_steps=polish_steps, scale=scale)
+            return torch.from_numpy(ortho), factor
+        return isotropic_fast_tensor(tensor, ns_steps=ns_steps, polish_steps=polish_steps, scale=scale)
 
     def outer_update(
         self,
