@@ -4,18 +4,25 @@
     python -m benchmarks.peer_torchft --setup    # only create runs/.venv-torchft (torchft 0.2.0)
     python -m benchmarks.peer_torchft --no-torchft --quick   # a smoke run without torchft
 
-Four arms, each two learner processes (``python -m benchmarks.peer_worker``) with the same
+Five arms, each two learner processes (``python -m benchmarks.peer_worker``) with the same
 model (a 1.64M-parameter fp32 MLP), seeds, data, H and steps, one torch thread each, their
 loops started together; every arm runs ``--repeats`` times, interleaved, and the figures are
 medians:
 
 1. bare loop: no exchange; the throughput reference (two at once, so that they share the
    cores as the learners of the other arms do);
-2. torchft: ``torchft.local_sgd.DiLoCo`` with a Manager per learner (a replica group of one),
+2. sync: synchronous DiLoCo in one process (both replicas in lock-step, the mean of their
+   pseudo-gradients through the same outer Nesterov SGD): the quality reference torchft and
+   GradientMail are measured against (every worker runs both replicas, so its loop time is
+   no throughput figure);
+3. torchft: ``torchft.local_sgd.DiLoCo`` with a Manager per learner (a replica group of one),
    gloo, and ``torchft_lighthouse`` on loopback; outer SGD lr 0.7, momentum 0.9, Nesterov;
-3. GradientMail on a directory mailbox (``file://``): ``gm.DiLoCo(sync_every=H)``, every other
-   setting its default (quorum 1, RDA merge, carrying unmerged work, 0.2 s poll);
-4. the same on a loopback SeaweedFS (``benchmarks/seaweed.py``; the server shares the cores).
+4. GradientMail on a directory mailbox (``file://``): ``gm.DiLoCo(sync_every=H)``, every other
+   setting its default (quorum 1, RDA merge, carrying unmerged work, 0.2 s poll) unless
+   ``--quorum``, ``--merge``, ``--overlap-steps``, ``--no-carry``, ``--max-staleness``,
+   ``--grace-tau`` or ``--grace-max-s`` say otherwise (``--quorum 2 --overlap-steps 0 --merge
+   weighted_mean`` is lock-step DiLoCo, what torchft runs);
+5. the same on a loopback SeaweedFS (``benchmarks/seaweed.py``; the server shares the cores).
 
 Per arm: throughput against the bare loop (the bare loop's seconds ÷ the arm's, the loops'
 first to last step, mean of the learners, per repeat); the time the exchange holds the
@@ -54,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHFT_VENV = ROOT / "runs" / ".venv-torchft"
 TORCHFT_REQUIREMENT = "torchft==0.2.0"
 LEARNERS = 2
-ARMS = ("bare", "torchft", "gm-directory", "gm-s3")
+ARMS = ("bare", "sync", "torchft", "gm-directory", "gm-s3")
 
 
 @dataclass
@@ -239,8 +246,20 @@ def run_trial(
     workdir = workdir / f"{arm}-{repeat}"
     workdir.mkdir(parents=True, exist_ok=True)
     gm_args = ["--poll", str(args.poll), "--quorum", str(args.quorum), "--merge", args.merge]
+    if args.overlap_steps is not None:
+        gm_args += ["--overlap-steps", str(args.overlap_steps)]
+    if args.no_carry:
+        gm_args += ["--no-carry"]
+    if args.max_staleness:
+        gm_args += ["--max-staleness", str(args.max_staleness)]
+    if args.grace_max_s is not None:
+        gm_args += ["--grace-max-s", str(args.grace_max_s)]
+    if args.grace_tau is not None:
+        gm_args += ["--grace-tau", str(args.grace_tau)]
     if arm == "bare":
         arm_args = ["--arm", "bare"]
+    elif arm == "sync":
+        arm_args = ["--arm", "sync"]
     elif arm == "torchft":
         assert tf_python is not None
         python = tf_python
@@ -334,6 +353,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=0.2, help="GradientMail's poll interval (s; its default: 0.2)")
     parser.add_argument("--quorum", type=int, default=1, help="GradientMail's quorum_size (its default: 1)")
     parser.add_argument("--merge", choices=["rda", "weighted_mean"], default="rda", help="GradientMail's merge (default: rda)")
+    parser.add_argument("--overlap-steps", type=int, default=None, help="GradientMail's overlap_steps (default: None)")
+    parser.add_argument("--no-carry", action="store_true", help="GradientMail: carry_unmerged=False")
+    parser.add_argument("--max-staleness", type=int, default=0, help="GradientMail's max_staleness (default: 0)")
+    parser.add_argument("--grace-max-s", type=float, default=None, help="GradientMail's grace_max_s (default: 60)")
+    parser.add_argument("--grace-tau", type=float, default=None, help="GradientMail's grace_tau (default: 4)")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)} (bare always runs)")
     parser.add_argument("--no-torchft", action="store_true", help="skip the torchft arm (and its set-up)")
     parser.add_argument("--setup", action="store_true", help="create runs/.venv-torchft and exit")
@@ -358,6 +382,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
     out = Path(args.json) if args.json else ROOT / "runs" / f"peer-torchft-{stamp}" / "result.json"
     workdir = out.parent / "work"
+    shutil.rmtree(workdir, ignore_errors=True)  # a kept mailbox of an earlier run would be joined, not started afresh
     workdir.mkdir(parents=True, exist_ok=True)
     common = ["--steps", str(args.steps), "--sync-every", str(args.sync_every), "--batch", str(args.batch)]
     common += ["--hidden", str(args.hidden), "--learners", str(LEARNERS)]
@@ -404,7 +429,16 @@ def main(argv: list[str] | None = None) -> int:
             "parameters": parameters,
             "learners": LEARNERS,
             "repeats": args.repeats,
-            "gradientmail": {"poll_s": args.poll, "quorum_size": args.quorum, "merge": args.merge},
+            "gradientmail": {
+                "poll_s": args.poll,
+                "quorum_size": args.quorum,
+                "merge": args.merge,
+                "overlap_steps": args.overlap_steps,
+                "carry_unmerged": not args.no_carry,
+                "max_staleness": args.max_staleness,
+                "grace_max_s": args.grace_max_s,
+                "grace_tau": args.grace_tau,
+            },
             "torchft": TORCHFT_REQUIREMENT if "torchft" in results else None,
             "torch": trials["bare"][0]["learners"][0]["torch_version"],
             "cpus": os.cpu_count(),

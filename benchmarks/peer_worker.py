@@ -127,6 +127,48 @@ def run_bare(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str
     return {"losses": losses, "eval_loss": evaluate(model)}
 
 
+def run_sync(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str, Any]:
+    """Synchronous DiLoCo in one process, the quality reference: ``--learners`` replicas (this
+    worker's rank's data stream and the others'), each with its own AdamW, in lock-step; every
+    H steps the mean of their pseudo-gradients θ_global − θ_i goes through the outer Nesterov
+    SGD (the same lr and momentum as the other arms) and every replica restarts from the result.
+    Every worker of the arm runs all replicas (deterministic: they all end with the same model);
+    its losses are its own rank's replica's. Its loop time is ``--learners`` replicas' work, so
+    the arm is a quality reference, not a throughput one."""
+    models = [build_model(args.hidden) for _ in range(args.learners)]
+    glob = build_model(args.hidden)
+    inners = [torch.optim.AdamW(m.parameters(), lr=LR) for m in models]
+    outer = torch.optim.SGD(glob.parameters(), lr=OUTER_LR, momentum=OUTER_MOMENTUM, nesterov=True)
+    streams = [batches if r == args.rank else make_batches(1 + r, args.steps, args.batch) for r in range(args.learners)]
+    _wait_for_go(args.ready, args.go)
+    losses: list[float] = []
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for step in range(args.steps):
+        for r, (model, inner) in enumerate(zip(models, inners, strict=True)):
+            x, y = streams[r][step]
+            inner.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            inner.step()
+            if r == args.rank:
+                losses.append(loss.item())
+        if (step + 1) % args.sync_every == 0:
+            before = time.perf_counter()
+            outer.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                for g, *locals_ in zip(glob.parameters(), *(m.parameters() for m in models), strict=True):
+                    g.grad = sum(g - p for p in locals_) / len(locals_)
+            outer.step()
+            state = glob.state_dict()
+            for model in models:
+                model.load_state_dict(state)
+            clock.add_blocked(time.perf_counter() - before)
+    clock.loop_s = time.perf_counter() - wall0
+    clock.loop_cpu_s = time.process_time() - cpu0
+    syncs = args.steps // args.sync_every
+    return {"losses": losses, "eval_loss": evaluate(glob), "committed_syncs": syncs, "bytes_up": 0, "bytes_down": 0}
+
+
 def run_torchft(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str, Any]:
     from torch.distributed import TCPStore
     from torchft.local_sgd import DiLoCo
@@ -264,24 +306,42 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
     options = gm.SessionOptions(poll_interval_s=args.poll, lease_ttl_s=max(10.0, 20 * args.poll))  # 10 s: the default TTL
     samples = len(batches[0][1])
     merge = gm.WeightedMean() if args.merge == "weighted_mean" else gm.Rda()
-    algorithm = gm.DiLoCo(sync_every=args.sync_every, quorum_size=args.quorum, merge=merge)
+    knobs: dict[str, Any] = {}
+    if args.overlap_steps is not None:
+        knobs["overlap_steps"] = args.overlap_steps
+    if args.no_carry:
+        knobs["carry_unmerged"] = False
+    if args.max_staleness:
+        knobs["max_staleness"] = args.max_staleness
+    if args.grace_max_s is not None:
+        knobs["grace_max_s"] = args.grace_max_s
+    if args.grace_tau is not None:
+        knobs["grace_tau"] = args.grace_tau
+    algorithm = gm.DiLoCo(sync_every=args.sync_every, quorum_size=args.quorum, merge=merge, **knobs)
     opened = time.perf_counter()
     with gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id=f"learner-{args.rank}", options=options) as session:
         open_s = time.perf_counter() - opened
         _wait_for_go(args.ready, args.go)
 
         aligned: list[tuple[int, int]] = []  # (step, version) whenever the learner aligned with a newer commit
+        # (step, wall clock, event, value): "publish" (its base version) and "align" (the version)
+        timeline: list[tuple[int, float, str, int]] = []
         count = 0
 
         def step() -> None:
             nonlocal count
+            published = session.stats.contributions
+            base = session.versions[0]
             before = time.perf_counter()
             session.step(samples=samples)
             clock.add_blocked(time.perf_counter() - before)
             count += 1
+            if session.stats.contributions > published:
+                timeline.append((count, time.time(), "publish", base))
             version = session.versions[0]
             if version > (aligned[-1][1] if aligned else 0):
                 aligned.append((count, version))
+                timeline.append((count, time.time(), "align", version))
 
         losses = _train(model, optimizer, batches, clock, after_step=step)
         closing = time.perf_counter()
@@ -300,6 +360,7 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
         "open_s": open_s,
         "close_s": close_s,
         "aligned": aligned,
+        "timeline": timeline,
         # steps from the publish of version v's round (step v × H) to aligning with it
         "align_lag_steps": [at - version * args.sync_every for at, version in aligned],
     }
@@ -307,7 +368,7 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_worker")
-    parser.add_argument("--arm", choices=["bare", "torchft", "gradientmail"], required=True)
+    parser.add_argument("--arm", choices=["bare", "sync", "torchft", "gradientmail"], required=True)
     parser.add_argument("--rank", type=int, default=0, help="this learner's index: picks its data stream")
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
@@ -319,6 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=0.2, help="gradientmail: poll interval (s; its default: 0.2)")
     parser.add_argument("--quorum", type=int, default=1, help="gradientmail: quorum_size (its default: 1)")
     parser.add_argument("--merge", choices=["rda", "weighted_mean"], default="rda", help="gradientmail: the merge (default: rda)")
+    parser.add_argument("--overlap-steps", type=int, default=None, help="gradientmail: overlap_steps (default: None)")
+    parser.add_argument("--no-carry", action="store_true", help="gradientmail: carry_unmerged=False")
+    parser.add_argument("--max-staleness", type=int, default=0, help="gradientmail: max_staleness (default 0)")
+    parser.add_argument("--grace-max-s", type=float, default=None, help="gradientmail: grace_max_s")
+    parser.add_argument("--grace-tau", type=float, default=None, help="gradientmail: grace_tau")
     parser.add_argument("--lighthouse", default=None, help="torchft: the lighthouse address, http://HOST:PORT")
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)
@@ -327,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     batches = make_batches(1 + args.rank, args.steps, args.batch)
     clock = _Clock()
-    runner = {"bare": run_bare, "torchft": run_torchft, "gradientmail": run_gradientmail}[args.arm]
+    runner = {"bare": run_bare, "sync": run_sync, "torchft": run_torchft, "gradientmail": run_gradientmail}[args.arm]
     result = runner(args, batches, clock)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result.update(
