@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from gradientmail.simulate.model import PRICES, PRICES_AS_OF
+
 __all__ = [
     "PRICES",
     "PRICES_AS_OF",
@@ -25,13 +27,6 @@ __all__ = [
     "price_class",
 ]
 
-PRICES_AS_OF = "AWS S3 Standard, us-east-1, prices as listed 2026"
-PRICES = {
-    "put": 0.005 / 1000,  # PUT, COPY, POST, LIST: $0.005 per 1,000 requests
-    "get": 0.0004 / 1000,  # GET, SELECT, HEAD and every other request: $0.0004 per 1,000
-    "delete": 0.0,  # DELETE and CANCEL (abort multipart) are free
-}
-"""USD per request of each price class."""
 
 _PUT_CLASS = {
     "PutObject",

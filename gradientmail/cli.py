@@ -10,6 +10,8 @@ gradientmail node        (a learner node configured by GRADIENTMAIL_* variables;
 gradientmail minio-setup [--mailbox URL] --out DIR   (bucket, lifecycle, a user scoped to the run's prefix
                           on MinIO, with its root keys from MINIO_ROOT_*; see gradientmail/minio_setup.py)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
+gradientmail simulate --table [--json] | --sweep M|H|fragments|quorum|latency [--out DIR]   (goodput at scale,
+                          simulated; see docs/simulator.md)
 gradientmail --version
 """
 
@@ -31,6 +33,7 @@ from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
 from gradientmail.settings import describe_variables
+from gradientmail.simulate import command as simulate_command
 from gradientmail.store import RunSpec, RunStore
 from gradientmail.syncer import replay_round
 
@@ -229,6 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     minio_setup.add_arguments(minio_parser)
     commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
+    simulate_parser = commands.add_parser(
+        "simulate",
+        help="simulate goodput and S3 requests at scale (Decoupled DiLoCo's Table 1, sweeps)",
+        description=simulate_command.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    simulate_command.add_arguments(simulate_parser)
     args = parser.parse_args(argv)
     if args.command in ("node", "health"):
         from gradientmail import node  # imports the training stack only when asked
@@ -245,6 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return keygen(args.out)
         elif args.command == "minio-setup":
             return minio_setup.run(args)
+        elif args.command == "simulate":
+            return simulate_command.run(args)
         else:
             return replay(args.mailbox, args.fragment, args.version)
     except GradientMailError as exc:

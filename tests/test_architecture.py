@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gradientmail/minio_setup.py",
             "gradientmail/node.py",
             "gradientmail/settings.py",
+            "gradientmail/simulate/",
         ),
     ),
     ("session", ("gradientmail/session/",)),
