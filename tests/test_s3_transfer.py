@@ -5,6 +5,7 @@ SeaweedFS), and the helpers that keep the result buffer safe."""
 from __future__ import annotations
 
 import gc
+import hashlib
 import threading
 import time
 import tracemalloc
@@ -298,3 +299,119 @@ def test_the_delay_link_passes_s3_through_and_bounds_each_connection(
         assert mailbox.get_versioned("blob") == (payload, token)  # one request: under one part
         elapsed = time.perf_counter() - started
     assert elapsed >= 0.8 * len(payload) / (link.per_connection_mb_s * 1e6)
+
+
+# -- hashing while downloading (issue 13) ---------------------------------------------------
+
+
+class _Recording:
+    """A sha256 that remembers where each stretch it was fed ended."""
+
+    def __init__(self) -> None:
+        self._hash = hashlib.sha256()
+        self.ends: list[int] = []
+
+    def update(self, data: Any, /) -> None:
+        self._hash.update(data)
+        self.ends.append((self.ends[-1] if self.ends else 0) + memoryview(data).nbytes)
+
+    def hexdigest(self) -> str:
+        return self._hash.hexdigest()
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("size", [0, 1, 5 * MiB - 1, 5 * MiB + 1, 16 * MiB + 3, 31 * MiB])
+def test_get_sha256_hashes_exactly_the_bytes_returned(make_s3_mailbox: Callable[..., S3Mailbox], size: int) -> None:
+    mailbox = make_s3_mailbox(tuning=SMALL_PARTS)
+    payload = _random_bytes(size + 7, size)
+    mailbox.put("blob", payload)
+    assert mailbox.get_sha256("blob") == (payload, hashlib.sha256(payload).hexdigest())
+    assert mailbox.get_sha256("blob", max_bytes=size) == (payload, hashlib.sha256(payload).hexdigest())
+    if size:
+        with pytest.raises(ObjectTooLarge):
+            mailbox.get_sha256("blob", max_bytes=size - 1)
+
+
+@pytest.mark.s3
+def test_the_hash_is_fed_in_order_in_whole_parts(make_s3_mailbox: Callable[..., S3Mailbox]) -> None:
+    mailbox = make_s3_mailbox(tuning=SMALL_PARTS)
+    payload = _random_bytes(21, 23 * MiB)
+    mailbox.put("blob", payload)
+    recorded: list[_Recording] = []
+
+    def hasher() -> _Recording:
+        recorded.append(_Recording())
+        return recorded[-1]
+
+    with ThreadPoolExecutor(4) as executor:
+        data, _, digest = transfer.download_hashed(
+            mailbox._client(),
+            executor,
+            bucket=mailbox.bucket,
+            key=f"{mailbox.prefix}/blob",
+            part_bytes=5 * MiB,
+            max_attempts=3,
+            hasher=hasher,
+        )
+    assert data == payload and digest == hashlib.sha256(payload).hexdigest()
+    assert len(recorded) == 1
+    ends = recorded[0].ends
+    assert ends[-1] == len(payload)
+    assert all(end % (5 * MiB) == 0 for end in ends[:-1])  # whole parts, contiguous from the start
+
+
+@pytest.mark.s3
+def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server, truncating_proxy: FaultProxy
+) -> None:
+    writer = make_s3_mailbox(tuning=SMALL_PARTS)
+    payload = _random_bytes(5, 22 * MiB)
+    writer.put("blob", payload)
+    reader = make_s3_mailbox(writer.prefix, tuning=SMALL_PARTS, endpoint_url=truncating_proxy.endpoint_url)
+    reader.head("blob")
+    truncating_proxy.max_faults = 3
+    truncating_proxy.configure(rate=1.0)
+    assert reader.get_sha256("blob") == (payload, hashlib.sha256(payload).hexdigest())
+
+    tuning = S3Tuning(multipart_threshold_bytes=5 * MiB, part_size_bytes=5 * MiB, max_attempts=1)
+    hopeless = make_s3_mailbox(writer.prefix, tuning=tuning, endpoint_url=truncating_proxy.endpoint_url)
+    hopeless.head("blob")
+    truncating_proxy.max_faults = None
+    truncating_proxy.configure(rate=1.0)
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            hopeless.get_sha256("blob")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the hashing wait hung on a failed part"
+    assert len(outcome) == 1 and isinstance(outcome[0], MailboxUnavailable)
+    assert _views_left_in(outcome[0]) == []
+
+
+@pytest.mark.s3
+def test_a_hashed_download_restarted_on_a_replaced_object_hashes_the_new_one_only(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    session = _session(s3_server)
+    mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
+    rival = make_s3_mailbox(mailbox.prefix, tuning=SMALL_PARTS)
+    old, new = _random_bytes(8, 11 * MiB), _random_bytes(9, 12 * MiB)
+    mailbox.put("blob", old)
+    replaced = threading.Event()
+
+    def replace_once(params: dict[str, Any], **_: Any) -> None:
+        if params.get("Range", "bytes=0-").startswith("bytes=0-") or replaced.is_set():
+            return
+        replaced.set()
+        rival.put("blob", new)
+
+    session.events.register("provide-client-params.s3.GetObject", replace_once)
+    fresh = make_s3_mailbox(mailbox.prefix, session=session, tuning=SMALL_PARTS)
+    assert fresh.get_sha256("blob") == (new, hashlib.sha256(new).hexdigest())
+    assert replaced.is_set()

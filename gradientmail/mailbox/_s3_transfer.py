@@ -11,6 +11,9 @@ pieces always belong to one version. Every part is read straight into its place 
 ``bytes`` that is returned (:func:`_assemble`): no part is joined or copied afterwards.
 A reader with an allowance (``max_bytes``) asks for at most ``max_bytes + 1`` bytes first
 and refuses a larger object from that response's headers, before reading any body.
+:func:`download_hashed` also hashes the object while it arrives: the calling thread feeds
+the hash each contiguous stretch from the start as soon as all its parts are in, while the
+later parts still stream (issue 13: the checksum costs no pass of its own).
 
 Everything here raises botocore's exceptions (and :class:`TooLarge`); the caller translates them.
 """
@@ -22,17 +25,18 @@ import functools
 import io
 import math
 import random
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._content import read_at_most
 from gradientmail.mailbox._s3_errors import error_code, http_status, stream_errors
 
-__all__ = ["MAX_PARTS", "MIN_PART_BYTES", "TooLarge", "download", "run_all", "upload"]
+__all__ = ["MAX_PARTS", "MIN_PART_BYTES", "Hasher", "TooLarge", "download", "download_hashed", "run_all", "upload"]
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest allowed part (all but the last)."""
@@ -46,6 +50,14 @@ _READ_CHUNK_BYTES = 1024 * 1024
 mapping fresh pages each time, large enough to keep the calls few."""
 
 T = TypeVar("T")
+
+
+class Hasher(Protocol):
+    """What ``hashlib`` hashes offer: fed in order, asked for the hex digest once."""
+
+    def update(self, data: Any, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
 
 
 class TooLarge(Exception):
@@ -175,19 +187,107 @@ def download(
     Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
     most ``max_bytes + 1`` bytes of it.
     """
+    data, etag, _ = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
+    return data, etag
+
+
+def download_hashed(
+    client: Any,
+    executor: Executor,
+    *,
+    bucket: str,
+    key: str,
+    part_bytes: int,
+    max_attempts: int,
+    max_bytes: int | None = None,
+    hasher: Callable[[], Hasher],
+) -> tuple[bytes, str, str]:
+    """:func:`download`, and the hex digest of the bytes returned by a fresh ``hasher()``
+    fed while they arrive: each contiguous stretch from the start is hashed (on the calling
+    thread) as soon as every part of it is in, while later parts still stream. A restart
+    (the object was replaced meanwhile) starts a new hash; the digest is always that of
+    exactly the bytes returned."""
+    return _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, hasher)
+
+
+def _download(
+    client: Any,
+    executor: Executor,
+    bucket: str,
+    key: str,
+    part_bytes: int,
+    max_attempts: int,
+    max_bytes: int | None,
+    hasher: Callable[[], Hasher] | None,
+) -> tuple[bytes, str, str]:
     for _ in range(_READ_RESTARTS):
         found = _download_one_version(
-            client, executor, bucket=bucket, key=key, part_bytes=part_bytes, max_attempts=max_attempts, max_bytes=max_bytes
+            client,
+            executor,
+            bucket=bucket,
+            key=key,
+            part_bytes=part_bytes,
+            max_attempts=max_attempts,
+            max_bytes=max_bytes,
+            hasher=hasher,
         )
         if found is not None:
             return found
     raise MailboxUnavailable(f"s3://{bucket}/{key} kept changing while it was being read")
 
 
+class _Progress:
+    """Which parts of a download are in (written whole), for hashing contiguous stretches in order."""
+
+    def __init__(self, bounds: list[tuple[int, int]]) -> None:
+        self.bounds = bounds
+        self._done = [False] * len(bounds)
+        self._failed = False
+        self._ready = threading.Condition()
+
+    def done(self, index: int) -> None:
+        with self._ready:
+            self._done[index] = True
+            self._ready.notify_all()
+
+    def failed(self) -> None:
+        with self._ready:
+            self._failed = True
+            self._ready.notify_all()
+
+    def hash_into(self, view: memoryview, hasher: Hasher) -> bool:
+        """Feed ``hasher`` every part in order, each stretch as soon as it is complete; False
+        (hashing abandoned) when a part failed."""
+        first = 0
+        count = len(self.bounds)
+        while first < count:
+            with self._ready:
+                while not self._done[first] and not self._failed:
+                    self._ready.wait()
+                if self._failed:
+                    return False
+                last = first
+                while last + 1 < count and self._done[last + 1]:
+                    last += 1
+            with view[self.bounds[first][0] : self.bounds[last][1]] as stretch:
+                hasher.update(stretch)  # hashlib releases the GIL: the parts keep streaming
+            first = last + 1
+        return True
+
+
 def _download_one_version(
-    client: Any, executor: Executor, *, bucket: str, key: str, part_bytes: int, max_attempts: int, max_bytes: int | None
-) -> tuple[bytes, str] | None:
-    """Read the current version whole, or return None if it was replaced meanwhile."""
+    client: Any,
+    executor: Executor,
+    *,
+    bucket: str,
+    key: str,
+    part_bytes: int,
+    max_attempts: int,
+    max_bytes: int | None,
+    hasher: Callable[[], Hasher] | None = None,
+) -> tuple[bytes, str, str] | None:
+    """Read the current version whole (and its digest when ``hasher`` is given, else ""),
+    or return None if it was replaced meanwhile."""
     from botocore.exceptions import ClientError
 
     # With an allowance, one byte more than allowed is enough to tell "too large" even
@@ -212,11 +312,17 @@ def _download_one_version(
             # The whole object is in this answer: it is small, the store ignored the range,
             # or (an empty object) it was asked for whole. Read it as it comes.
             try:
-                return _read_whole(body, response, max_bytes, first_bytes), etag
+                data = _read_whole(body, response, max_bytes, first_bytes)
             except stream_errors() as exc:
                 if attempt >= max_attempts:
                     raise
                 _forget_locals(exc)
+            else:
+                if hasher is None:
+                    return data, etag, ""
+                whole = hasher()
+                whole.update(data)
+                return data, etag, whole.hexdigest()
             backoff(attempt)
         finally:
             if not in_parts:
@@ -225,10 +331,14 @@ def _download_one_version(
     if span[0] != 0 or _length_of(response) != end + 1:
         body.close()
         raise MailboxUnavailable(f"S3 answered range 0-{first_bytes - 1} of {key!r} with {response.get('ContentRange')!r}")
+    offsets = range(end + 1, total, part_bytes)
+    progress = _Progress([(0, end + 1)] + [(offset, min(offset + part_bytes, total)) for offset in offsets])
+    digest = hasher() if hasher is not None else None
 
     def fill(view: memoryview) -> None:
         """Write the object into ``view``: part one from the open answer, here, the rest
-        on the executor at the same time, each conditional on the first part's ETag."""
+        on the executor at the same time, each conditional on the first part's ETag; then,
+        with a hasher, hash the parts here in order as they complete."""
 
         def first_part() -> None:
             with view[: end + 1] as part:
@@ -245,23 +355,39 @@ def _download_one_version(
                 params = {"Bucket": bucket, "Key": key, "Range": f"bytes=0-{end}", "IfMatch": etag}
                 _fetch_into(client, params, part, max_attempts - 1, first_attempt=2)
 
-        def fetch(offset: int) -> None:
+        def fetch(index: int, offset: int) -> None:
             last = min(offset + part_bytes, total) - 1
             params = {"Bucket": bucket, "Key": key, "Range": f"bytes={offset}-{last}", "IfMatch": etag}
-            with view[offset : last + 1] as part:
-                _fetch_into(client, params, part, max_attempts)
+            try:
+                with view[offset : last + 1] as part:
+                    _fetch_into(client, params, part, max_attempts)
+            except BaseException:
+                progress.failed()
+                raise
+            progress.done(index)
 
-        rest = [functools.partial(fetch, offset) for offset in range(end + 1, total, part_bytes)]
-        run_all(executor, rest, here=first_part)
+        def here() -> None:
+            try:
+                first_part()
+            except BaseException:
+                progress.failed()
+                raise
+            progress.done(0)
+            if digest is not None:
+                progress.hash_into(view, digest)
+
+        rest = [functools.partial(fetch, index, offset) for index, offset in enumerate(offsets, start=1)]
+        run_all(executor, rest, here=here)
 
     try:
-        return _assemble(total, fill), etag
+        data = _assemble(total, fill)
     except ClientError as exc:
         if error_code(exc) == "PreconditionFailed" or http_status(exc) == 412:
             return None  # replaced while we read it: the caller starts again on the new version
         raise
     finally:
         body.close()
+    return data, etag, digest.hexdigest() if digest is not None else ""
 
 
 def _open(client: Any, params: dict[str, Any]) -> dict[str, Any]:

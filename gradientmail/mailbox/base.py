@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Mailbox", "ObjectInfo"]
+__all__ = ["HashingGet", "Mailbox", "ObjectInfo"]
 
 
 @dataclass(frozen=True)
@@ -115,4 +115,18 @@ class Mailbox(Protocol):
 
     def close(self) -> None:
         """Release connections and worker threads (idempotent)."""
+        ...
+
+
+@runtime_checkable
+class HashingGet(Protocol):
+    """An optional capability of a store (checked with ``isinstance``): a read that also
+    returns the sha256 of the bytes it returns, computed while they arrive, so verifying a
+    blob costs no pass of its own after the download (the S3 store hashes each contiguous
+    stretch while later parts stream). Stores without it are read with :meth:`Mailbox.get`
+    and hashed afterwards; the caller compares the digest either way."""
+
+    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`Mailbox.get` (same errors, same allowance), and the hex sha256 of exactly
+        the bytes returned."""
         ...

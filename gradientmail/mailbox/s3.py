@@ -12,6 +12,7 @@ boto3 is imported on first use, so the package works without the ``s3`` extra.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -243,6 +244,28 @@ class S3Mailbox:
                     max_attempts=self._tuning.max_attempts,
                     max_bytes=allowance,
                 )
+        except _s3_transfer.TooLarge as exc:
+            raise too_large(key, self.url, exc.size, exc.max_bytes) from None
+
+    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get`, and the sha256 (hex) of the bytes returned, computed while they
+        arrive (:class:`gradientmail.mailbox.base.HashingGet`): the parts are hashed in order
+        as each stretch from the start completes, so the checksum ends with the download."""
+        object_key = self._object_key(key)
+        allowance = as_max_bytes(max_bytes)
+        try:
+            with self._translating("GetObject", object_key):
+                data, _, digest = _s3_transfer.download_hashed(
+                    self._client(),
+                    self._executor(),
+                    bucket=self._bucket,
+                    key=object_key,
+                    part_bytes=self._tuning.part_size_bytes,
+                    max_attempts=self._tuning.max_attempts,
+                    max_bytes=allowance,
+                    hasher=hashlib.sha256,
+                )
+                return data, digest
         except _s3_transfer.TooLarge as exc:
             raise too_large(key, self.url, exc.size, exc.max_bytes) from None
 

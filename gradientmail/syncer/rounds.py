@@ -11,7 +11,10 @@ tensors borrow the payload's bytes) and takes one ``finite_norm`` pass per tenso
 checks finiteness and measures the norm; the per-tensor norms travel in
 :attr:`Accepted.tensor_norms` to ``merge_round``, so RDA combines the deltas in one more pass,
 and its final scale is folded into the outer step's single pass (a ``MergedDelta``). A replay
-runs exactly the same functions on the same inputs, hence the same bytes.
+runs exactly the same functions on the same inputs, hence the same bytes. ``validate`` is
+``fetch_contribution`` (record, payload, size and sha256, decode: mailbox reads only, safe on
+another thread) then ``check_fetched`` (the backend's passes); the syncer runs the first half
+of the next contributions ahead while it checks the current one, in the listed order.
 """
 
 from __future__ import annotations
@@ -38,9 +41,12 @@ from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore
 __all__ = [
     "Accepted",
     "Base",
+    "Fetched",
     "all_finite",
     "apply_round",
     "capped_weights",
+    "check_fetched",
+    "fetch_contribution",
     "load_base",
     "merge_round",
     "outer_step",
@@ -91,10 +97,35 @@ def validate(
 
     ``norm_limit(steps)`` is the largest delta norm accepted (``outlier`` beyond it; None:
     no bound). Only a retryable mailbox error escapes; anything else that goes wrong is a
-    rejection (``malformed`` when nothing more specific applies).
+    rejection (``malformed`` when nothing more specific applies). The same as
+    ``check_fetched(backend, fetch_contribution(...), norm_limit)``: the syncer runs the
+    first half ahead, on another thread, for the next contributions (issue 13).
     """
+    return check_fetched(backend, fetch_contribution(store, spec, base_version, key), norm_limit)
+
+
+NormLimit = Callable[[int], "float | None"]
+
+
+@dataclass
+class Fetched:
+    """A contribution whose record checked out and whose payload was fetched, verified against
+    the record's size and sha256, decoded, and matched to the run's names, shapes and dtypes;
+    not yet checked for finiteness nor measured."""
+
+    key: keys.ContributionKey
+    contribution: Contribution
+    arrays: Arrays
+    weight: float
+    staleness: int
+
+
+def fetch_contribution(store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey) -> Fetched | Rejection:
+    """The first half of :func:`validate`: everything that reads the mailbox (the record,
+    the payload and its checks, the decode). No backend is touched, so it may run on another
+    thread. Only a retryable mailbox error escapes; anything else becomes a rejection."""
     try:
-        return _validate(store, backend, spec, base_version, key, norm_limit)
+        return _fetch(store, spec, base_version, key)
     except MailboxError as exc:
         if exc.retryable:
             raise
@@ -103,21 +134,26 @@ def validate(
         return _reject(key, "malformed", f"{type(exc).__name__}: {exc}")
 
 
-NormLimit = Callable[[int], "float | None"]
+def check_fetched(backend: Backend, fetched: Fetched | Rejection, norm_limit: NormLimit | None = None) -> Accepted | Rejection:
+    """The second half of :func:`validate`: the delta on the backend, finite, its norm within
+    ``norm_limit``. A rejection from the first half passes through."""
+    if isinstance(fetched, Rejection):
+        return fetched
+    try:
+        return _check(backend, fetched, norm_limit)
+    except MailboxError as exc:
+        if exc.retryable:
+            raise
+        return _reject(fetched.key, "corrupt", f"unreadable: {exc}")
+    except Exception as exc:  # hostile input must become a reason, whatever it breaks
+        return _reject(fetched.key, "malformed", f"{type(exc).__name__}: {exc}")
 
 
 def _reject(key: keys.ContributionKey, reason: RejectionReason, detail: str) -> Rejection:
     return Rejection(learner=key.learner, contribution=key.record, reason=reason, detail=detail[:500])
 
 
-def _validate(
-    store: RunStore,
-    backend: Backend,
-    spec: RunSpec,
-    base_version: int,
-    key: keys.ContributionKey,
-    norm_limit: NormLimit | None,
-) -> Accepted | Rejection:
+def _fetch(store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey) -> Fetched | Rejection:
     def reject(reason: RejectionReason, detail: str) -> Rejection:
         return _reject(key, reason, detail)
 
@@ -153,12 +189,20 @@ def _validate(
     if contribution.payload.size_bytes > spec.max_payload_bytes(key.fragment):
         return reject("corrupt", f"payload of {contribution.payload.size_bytes} bytes exceeds the fragment's bound")
     try:
-        # zero-copy: the tensors borrow the payload's bytes, which nothing writes
-        delta = {name: backend.borrow_numpy(array) for name, array in store.read_delta(spec, contribution).items()}
+        arrays = store.read_delta(spec, contribution)
     except CorruptPayload as exc:
         return reject("corrupt", str(exc))
     except IncompatiblePayload as exc:
         return reject("incompatible", str(exc))
+    return Fetched(key, contribution, arrays, contribution_weight, staleness)
+
+
+def _check(backend: Backend, fetched: Fetched, norm_limit: NormLimit | None) -> Accepted | Rejection:
+    def reject(reason: RejectionReason, detail: str) -> Rejection:
+        return _reject(fetched.key, reason, detail)
+
+    # zero-copy: the tensors borrow the payload's bytes, which nothing writes
+    delta = {name: backend.borrow_numpy(array) for name, array in fetched.arrays.items()}
     tensor_norms: dict[str, float] = {}
     for name, tensor in delta.items():
         tensor_norm = float(backend.finite_norm(tensor))  # one pass: finiteness and the norm
@@ -170,10 +214,11 @@ def _validate(
     norm = math.sqrt(sum(n**2 for n in tensor_norms.values()))
     if not math.isfinite(norm):
         return reject("non_finite", "the delta's norm overflows")
+    contribution = fetched.contribution
     limit = norm_limit(contribution.steps) if norm_limit is not None else None
     if limit is not None and norm > limit:
         return reject("outlier", f"delta norm {norm:.4g} exceeds {limit:.4g}, the bound from recent rounds")
-    return Accepted(key, contribution, delta, contribution_weight, staleness, norm, tensor_norms)
+    return Accepted(fetched.key, contribution, delta, fetched.weight, fetched.staleness, norm, tensor_norms)
 
 
 def capped_weights(accepted: Sequence[Accepted], samples_per_step_cap: float | None) -> list[Accepted]:

@@ -1,0 +1,254 @@
+"""The syncer round's pipeline (issue 13): contributions fetched ahead while the one before is
+checked, payloads hashed by the store while they arrive, and the two new blobs written at once,
+each hashed while it uploads. Outcomes, their order and the committed bytes must be those of
+one contribution at a time; nothing unverified is decoded."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.bad_input import FRAGMENT, Run, create_run
+from gradientmail.backends import payload
+from gradientmail.errors import CorruptPayload, MailboxError, MailboxUnavailable
+from gradientmail.mailbox import Mailbox, MemoryMailbox, ObjectInfo
+from gradientmail.mailbox.base import HashingGet
+from gradientmail.records import PayloadRef, Rejection, keys
+from gradientmail.store import RunStore
+from gradientmail.syncer import replay_round
+from gradientmail.syncer import runtime as runtime_module
+from gradientmail.syncer.rounds import Fetched, check_fetched, fetch_contribution, validate
+
+LEARNERS = ("alice", "bob", "carol", "dave", "erin", "frank")
+
+
+@pytest.fixture(autouse=True)
+def _no_run_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class Forwarding:
+    """A mailbox forwarding every call to ``inner`` (subclasses change one or two)."""
+
+    def __init__(self, inner: Mailbox) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.inner.get(key, max_bytes=max_bytes)
+
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self.inner.get_versioned(key, max_bytes=max_bytes)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self.inner.head(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.inner.put(key, data)
+
+    def create(self, key: str, data: bytes) -> str:
+        return self.inner.create(key, data)
+
+    def swap(self, key: str, data: bytes, expected_token: str) -> str:
+        return self.inner.swap(key, data, expected_token)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Hashing(Forwarding):
+    """A store that hands over the sha256 with the bytes (``HashingGet``); ``lie`` replaces it."""
+
+    def __init__(self, inner: Mailbox, lie: str | None = None) -> None:
+        super().__init__(inner)
+        self.lie = lie
+        self.hashed_gets = 0
+
+    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        self.hashed_gets += 1
+        data = self.inner.get(key, max_bytes=max_bytes)
+        return data, self.lie if self.lie is not None else hashlib.sha256(data).hexdigest()
+
+
+def _round(run: Run, extra: dict[str, Any] | None = None) -> None:
+    """Publish the pipeline corpus against the newest version: four honest learners, a corrupt
+    payload, a non-finite delta, a second contribution of alice's (a duplicate)."""
+    for learner in ("alice", "bob", "carol", "frank"):
+        run.publish(learner)
+    corrupt = run.publish("dave")
+    data = bytearray(run.store._mailbox.get(corrupt.blob))
+    data[-1] ^= 1
+    run.store._mailbox.put(corrupt.blob, bytes(data))
+    nan = run.honest_delta("erin", run.newest())
+    next(iter(nan.values())).reshape(-1)[0] = np.nan
+    run.publish("erin", nan)
+    run.publish("alice", run.honest_delta("alice", run.newest(), scale=2.0))
+
+
+def _outcome(run: Run) -> tuple[list[str], list[tuple[str, str]], bytes]:
+    stored = run.commit_next()
+    record = stored.record
+    blob = run.store.read_blob(record.params)
+    return (
+        [p.contribution for p in record.participants],
+        [(r.contribution, r.reason) for r in record.rejected],
+        blob,
+    )
+
+
+def test_prefetched_outcomes_order_and_bytes_are_those_of_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    outcomes = []
+    for prefetch in (1, runtime_module.PREFETCH, 5):
+        monkeypatch.setattr(runtime_module, "PREFETCH", prefetch)
+        run = create_run(MemoryMailbox())
+        _round(run)
+        outcomes.append(_outcome(run))
+        # replay reproduces the committed bytes exactly
+        replayed = replay_round(run.store, run.syncer.backend, run.spec, FRAGMENT, 1)
+        committed = run.store.load_version(run.spec, FRAGMENT, 1).params
+        assert replayed.keys() == committed.keys()
+        for name, array in committed.items():
+            assert np.asarray(replayed[name]).tobytes() == array.tobytes()
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    participants, rejected, _ = outcomes[0]
+    assert [keys.parse_contribution_record(p).learner for p in participants] == ["alice", "bob", "carol", "frank"]
+    assert [(keys.parse_contribution_record(c).learner, reason) for c, reason in rejected] == [
+        ("alice", "duplicate"),
+        ("dave", "corrupt"),
+        ("erin", "non_finite"),
+    ]
+
+
+def test_at_most_prefetch_fetches_run_at_once_and_checks_follow_the_listing(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = create_run(MemoryMailbox())
+    for learner in LEARNERS:
+        run.publish(learner)
+    lock = threading.Lock()
+    in_flight = [0, 0]  # now, most
+    checked: list[str] = []
+
+    def slow_fetch(*args: Any) -> Fetched | Rejection:
+        with lock:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+        try:
+            time.sleep(0.03)
+            return fetch_contribution(*args)
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    def spy_check(backend: Any, fetched: Any, norm_limit: Any = None) -> Any:
+        checked.append(fetched.key.learner)
+        time.sleep(0.01)
+        return check_fetched(backend, fetched, norm_limit)
+
+    monkeypatch.setattr(runtime_module, "fetch_contribution", slow_fetch)
+    monkeypatch.setattr(runtime_module, "check_fetched", spy_check)
+    stored = run.commit_next()
+    assert checked == sorted(LEARNERS)  # the listing's order
+    assert in_flight[1] == runtime_module.PREFETCH  # overlapped, and never more
+    assert len(stored.record.participants) == len(LEARNERS)
+
+
+def test_a_retryable_error_escapes_and_the_unread_contributions_are_read_next_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = create_run(MemoryMailbox())
+    for learner in LEARNERS:
+        run.publish(learner)
+    failed: list[str] = []
+
+    def flaky_fetch(store: RunStore, spec: Any, base: int, key: keys.ContributionKey) -> Fetched | Rejection:
+        if key.learner == "carol" and not failed:
+            failed.append(key.learner)
+            raise MailboxUnavailable("the store is down for a moment")
+        return fetch_contribution(store, spec, base, key)
+
+    monkeypatch.setattr(runtime_module, "fetch_contribution", flaky_fetch)
+    with pytest.raises(MailboxUnavailable):
+        run.syncer.run_once()
+    seen = run.syncer._views[FRAGMENT].round.seen
+    assert {keys.parse_contribution_record(k).learner for k in seen} == {"alice", "bob"}  # carol on are unread
+    stored = run.commit_next()
+    assert [p.learner for p in stored.record.participants] == sorted(LEARNERS)
+    assert stored.record.rejected == ()
+
+
+def test_a_hashing_store_hands_the_digest_over_and_a_wrong_one_is_a_corrupt_payload() -> None:
+    inner = MemoryMailbox()
+    data = payload.encode({"w": np.arange(6, dtype=np.float32)})
+    inner.put("blob", data)
+    ref = PayloadRef(key="blob", sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
+    honest = Hashing(inner)
+    assert isinstance(honest, HashingGet) and not isinstance(inner, HashingGet)
+    assert RunStore(honest).read_blob(ref) == data
+    assert honest.hashed_gets == 1
+    with pytest.raises(CorruptPayload, match="checksum mismatch"):
+        RunStore(Hashing(inner, lie="0" * 64)).read_blob(ref)
+    assert RunStore(inner).read_blob(ref) == data  # a store without the capability: hashed here
+
+
+def test_validate_through_a_hashing_store_rejects_a_lying_digest_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:
+    run = create_run(MemoryMailbox())
+    key = run.publish("alice")
+    decoded: list[int] = []
+    decode = payload.decode
+    monkeypatch.setattr(payload, "decode", lambda data: decoded.append(len(data)) or decode(data))
+    lying = RunStore(Hashing(run.store._mailbox, lie="0" * 64))
+    outcome = validate(lying, run.syncer.backend, run.spec, 0, key)
+    assert isinstance(outcome, Rejection) and outcome.reason == "corrupt"
+    assert decoded == []  # nothing unverified is decoded
+    assert not isinstance(validate(RunStore(Hashing(run.store._mailbox)), run.syncer.backend, run.spec, 0, key), Rejection)
+
+
+class FailingPut(Forwarding):
+    def __init__(self, inner: Mailbox, part: str) -> None:
+        super().__init__(inner)
+        self.part = part
+        self.puts: list[str] = []
+
+    def put(self, key: str, data: bytes) -> str:
+        self.puts.append(key)
+        if self.part in key:
+            raise MailboxUnavailable(f"cannot write {key}")
+        return self.inner.put(key, data)
+
+
+@pytest.mark.parametrize("part", ["params-", "outer-"])
+def test_a_failed_blob_write_fails_the_commit_and_leaves_no_record(part: str) -> None:
+    run = create_run(MemoryMailbox())
+    box = FailingPut(run.store._mailbox, part)
+    store = RunStore(box)
+    params = run.params(0)
+    with pytest.raises(MailboxError):
+        store.commit_version(FRAGMENT, 1, params, {}, algorithm=run.spec.algorithm, committed_by="node", term=1)
+    assert len(box.puts) == (1 if part == "params-" else 2)  # the state after the parameters, never alongside
+    assert not box.inner.exists(keys.round_record(FRAGMENT, 1))
+
+
+def test_committed_blobs_carry_the_digests_of_their_bytes() -> None:
+    run = create_run(MemoryMailbox())
+    params = run.params(0)
+    state = {f"momentum/{name}": np.ones_like(array) for name, array in params.items()}
+    stored = run.store.commit_version(FRAGMENT, 1, params, state, algorithm=run.spec.algorithm, committed_by="node", term=1)
+    assert stored is not None
+    for ref in (stored.record.params, stored.record.outer_state):
+        data = run.store._mailbox.get(ref.key)
+        assert (hashlib.sha256(data).hexdigest(), len(data)) == (ref.sha256, ref.size_bytes)
