@@ -270,3 +270,32 @@ def test_a_learner_lease_says_when_its_next_contribution_is_due():
         session.step()
         info = session._lease_info()
         assert isinstance(info["due_in_s"], float) and info["due_in_s"] >= 0
+
+
+def test_a_round_waits_for_quorum_when_the_live_set_was_read_before_a_learner_came_back():
+    """The elected node reads the learners' leases once per idle interval: a round must not close
+    on "every live learner is in" from a view older than a poll (here one where the other learner
+    was gone), or quorum 2 would commit a single contribution."""
+    sim = Sim(2, quorum=2)
+    sim.run_until(2 * TTL_S)
+    leader = sim.leader()
+    assert leader is not None
+    other = next(node for node in sim.nodes if node is not leader)
+    other.lease_alive = False
+    sim.run_until(sim.clock.now + 2 * TTL_S)  # its lease expires; the leader sees only itself
+    read_at = leader.syncer._leases_at
+    sim.run_until(sim.clock.now + TTL_S, until=lambda: leader.syncer._leases_at > read_at)
+    assert set(leader.syncer.live) == {leader.name}
+    other.lease_alive = True
+    other.exchange._renew_lease()  # back just after the leader's read, as its lease thread would be
+    sim.run_until(sim.clock.now + 3 * POLL_S)  # the leader's view is now older than a poll
+    delta = {"w": np.full(8, 0.5, np.float32)}
+    counts = ContributionCounts(steps=4, samples=4)
+    leader.exchange._store.publish_contribution(leader.name, 0, 0, delta, counts)
+    sim.run_until(sim.clock.now + 2.0, until=lambda: leader.syncer.commits > 0)
+    assert leader.syncer.commits == 0, "a quorum-2 round closed on one contribution"
+    other.exchange._store.publish_contribution(other.name, 0, 0, delta, counts)
+    sim.run_until(sim.clock.now + 10.0, until=lambda: leader.syncer.commits > 0)
+    assert leader.syncer.commits == 1
+    record = leader.exchange._store.read_round(0, 1)
+    assert sorted(p.learner for p in record.participants) == sorted([leader.name, other.name])

@@ -3,7 +3,8 @@
 Per fragment, the elected node keeps the newest committed version (parameters and outer
 state, loaded from the mailbox alone when it takes over) and the round open on it:
 
-    collect  → list contribution records; accept or reject each (reason codes)
+    collect  → list contribution records; accept or reject each (reason codes), in the order
+               listed; the next ``PREFETCH`` are fetched, hashed and decoded meanwhile
     quorum   → ``quorum_size`` accepted, or every live learner has one accepted
     grace    → wait the adaptive grace window for more reports (see ``grace.py``)
     merge    → configured merge with weights samples²/steps (samples per step capped, see
@@ -35,7 +36,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gradientmail.algorithms.outer import OuterState
@@ -51,12 +54,14 @@ from gradientmail.syncer.grace import GraceEstimator
 from gradientmail.syncer.rounds import (
     Accepted,
     Base,
+    Fetched,
     all_finite,
     capped_weights,
+    check_fetched,
+    fetch_contribution,
     load_base,
     merge_round,
     outer_step,
-    validate,
 )
 from gradientmail.telemetry import hooks as telemetry
 
@@ -68,6 +73,11 @@ IDLE_COLLECT_MAX_S = 2.0
 """The longest pause between two listings of contributions while none arrive (the backoff's
 cap; never above the idle interval nor below ``poll_interval_s``). A contribution from another
 process waits at most this long to be seen when it is the first after a quiet spell."""
+
+PREFETCH = 2
+"""Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
+checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
+syncer holds at most this many payloads beyond the ones it accepted."""
 
 
 @dataclass
@@ -329,6 +339,11 @@ class SyncerRuntime:
             self._loop.hurry()
         now = self._clock()
         everyone = set(self.live) <= current.learners
+        if everyone and now - self._leases_at > self._poll_interval_s:
+            # the live set is read once per idle interval: never close a round early on "every
+            # live learner is in", nor skip its grace window, on a view older than a poll
+            self._read_leases()
+            everyone = set(self.live) <= current.learners
         if current.quorum_at is None:
             if len(current.accepted) < self.spec.algorithm.quorum_size and not everyone:
                 return
@@ -356,37 +371,64 @@ class SyncerRuntime:
             version -= 1
 
     def _collect(self, fragment: int, view: FragmentView) -> None:
+        """Accept or reject each new contribution, in the order listed. The fetches (record,
+        payload, sha256, decode) run up to ``PREFETCH`` ahead on threads of their own while the
+        calling thread checks the one before (finite, norm, duplicates): the outcomes, and their
+        order, are those of one contribution at a time."""
         current = view.round
+        steps: list[keys.ContributionKey] = []  # to validate, in the order listed
         for key in self.store.contributions(fragment):
             if key.record in current.seen:
                 continue
             if key.base_version > view.version:
                 current.lagging = self._activity = True  # our view lags; the next pass reloads
                 continue
-            current.seen.add(key.record)
             self._activity = True
             if key.base_version < view.version and not self._mergeable_late(fragment, key, view):
+                current.seen.add(key.record)
                 self._old_contribution(fragment, key, view)
                 continue
-            started = self._clock()
-            outcome = validate(self.store, self.backend, self.spec, view.version, key, self._history[fragment].norm_limit)
-            current.fetch_s += self._clock() - started
-            if isinstance(outcome, Rejection):
-                current.rejected.append(outcome)
-            elif (outcome.contribution.learner, outcome.contribution.anchor_version) in current.learner_bases:
-                current.rejected.append(
-                    Rejection(
-                        learner=key.learner,
-                        contribution=key.record,
-                        reason="duplicate",
-                        detail="second contribution against this version",
-                    )
+            steps.append(key)
+        if not steps:
+            return
+        started = self._clock()
+        norm_limit = self._history[fragment].norm_limit
+        pending: deque[Future[Fetched | Rejection]] = deque()
+        ahead = iter(steps)
+        with ThreadPoolExecutor(max_workers=PREFETCH, thread_name_prefix=f"gm-fetch-{self.node_id}") as pool:
+            try:
+                for key in steps:
+                    while len(pending) < PREFETCH:  # keep the next ones coming while this one is checked
+                        upcoming = next(ahead, None)
+                        if upcoming is None:
+                            break
+                        pending.append(pool.submit(fetch_contribution, self.store, self.spec, view.version, upcoming))
+                    fetched = pending.popleft().result()
+                    current.seen.add(key.record)
+                    self._judge(current, key, check_fetched(self.backend, fetched, norm_limit))
+                    del fetched
+            finally:
+                for future in pending:  # a retryable mailbox error escaped: the rest are read next pass
+                    future.cancel()
+        current.fetch_s += self._clock() - started
+
+    def _judge(self, current: OpenRound, key: keys.ContributionKey, outcome: Accepted | Rejection) -> None:
+        if isinstance(outcome, Rejection):
+            current.rejected.append(outcome)
+        elif (outcome.contribution.learner, outcome.contribution.anchor_version) in current.learner_bases:
+            current.rejected.append(
+                Rejection(
+                    learner=key.learner,
+                    contribution=key.record,
+                    reason="duplicate",
+                    detail="second contribution against this version",
                 )
-            else:
-                current.accepted.append(outcome)
-                current.last_seen_at = self._clock()
-                if current.first_seen_at is None:
-                    current.first_seen_at = current.last_seen_at
+            )
+        else:
+            current.accepted.append(outcome)
+            current.last_seen_at = self._clock()
+            if current.first_seen_at is None:
+                current.first_seen_at = current.last_seen_at
 
     def _mergeable_late(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> bool:
         """A contribution based on an older version that ``max_staleness`` lets into this round:
