@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +34,7 @@ from gradientmail.errors import (
 from gradientmail.mailbox import _s3_transfer
 from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, too_large
 from gradientmail.mailbox._s3_errors import error_code, http_status, is_transport_error, translate
+from gradientmail.mailbox._s3_transfer import Hasher
 from gradientmail.mailbox.base import ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
@@ -231,41 +232,33 @@ class S3Mailbox:
         and, as soon as its headers are in, the remaining parts in parallel, each
         conditional on the first part's ETag; every part is read straight into the
         returned ``bytes``."""
-        object_key = self._object_key(key)
-        allowance = as_max_bytes(max_bytes)
-        try:
-            with self._translating("GetObject", object_key):
-                return _s3_transfer.download(
-                    self._client(),
-                    self._executor(),
-                    bucket=self._bucket,
-                    key=object_key,
-                    part_bytes=self._tuning.part_size_bytes,
-                    max_attempts=self._tuning.max_attempts,
-                    max_bytes=allowance,
-                )
-        except _s3_transfer.TooLarge as exc:
-            raise too_large(key, self.url, exc.size, exc.max_bytes) from None
+        data, etag, _ = self._download(key, max_bytes, None)
+        return data, etag
 
     def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """:meth:`get`, and the sha256 (hex) of the bytes returned, computed while they
         arrive (:class:`gradientmail.mailbox.base.HashingGet`): the parts are hashed in order
         as each stretch from the start completes, so the checksum ends with the download."""
+        data, _, digest = self._download(key, max_bytes, hashlib.sha256)
+        return data, digest
+
+    def _download(self, key: str, max_bytes: int | None, hasher: Callable[[], Hasher] | None) -> tuple[bytes, str, str]:
+        """Bytes, ETag and (with ``hasher``) the hex digest of the object at ``key``."""
         object_key = self._object_key(key)
         allowance = as_max_bytes(max_bytes)
         try:
             with self._translating("GetObject", object_key):
-                data, _, digest = _s3_transfer.download_hashed(
-                    self._client(),
-                    self._executor(),
-                    bucket=self._bucket,
-                    key=object_key,
-                    part_bytes=self._tuning.part_size_bytes,
-                    max_attempts=self._tuning.max_attempts,
-                    max_bytes=allowance,
-                    hasher=hashlib.sha256,
+                client, executor = self._client(), self._executor()
+                where = {"bucket": self._bucket, "key": object_key}
+                part_bytes, attempts = self._tuning.part_size_bytes, self._tuning.max_attempts
+                if hasher is None:
+                    data, etag = _s3_transfer.download(
+                        client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance
+                    )
+                    return data, etag, ""
+                return _s3_transfer.download_hashed(
+                    client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance, hasher=hasher
                 )
-                return data, digest
         except _s3_transfer.TooLarge as exc:
             raise too_large(key, self.url, exc.size, exc.max_bytes) from None
 
