@@ -28,7 +28,7 @@ SUITES: dict[str, list[list[str]]] = {
         ["peer_torchft", "--quick"],
     ],
 }
-HELPERS = {"seaweed", "fault_proxy", "delay_proxy", "chaos_worker", "peer_worker", "s3_requests"}
+HELPERS = {"seaweed", "fault_proxy", "delay_proxy", "chaos_worker", "peer_worker", "s3_requests", "timing"}
 """Modules of this package that other benchmarks use and that measure nothing themselves."""
 
 

@@ -22,14 +22,13 @@ import argparse
 import datetime
 import json
 import platform
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import gradientmail as gm
+from benchmarks.timing import best_of
 from gradientmail.backends import Backend, get_backend
 from gradientmail.errors import BackendUnavailable
 
@@ -52,15 +51,6 @@ def spectrum_matrix(rows: int, cols: int, decay: float | None, seed: int = 0) ->
 def isotropic(backend: Backend, merge: gm.IsoC, tensor: Any) -> np.ndarray:
     direction, scale = merge.isotropic(backend, tensor)
     return np.asarray(backend.to_numpy(direction), np.float64) * scale
-
-
-def best_of(repeat: int, action: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def relative(a: np.ndarray, b: np.ndarray) -> float:

@@ -37,13 +37,13 @@ import datetime
 import json
 import math
 import platform
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from benchmarks.timing import best_of
 from gradientmail.algorithms.merge import NORM_FLOOR, normalized, rda, rda_unscaled, weighted_mean
 from gradientmail.backends import Backend, Tensor, get_backend, numpy_backend
 from gradientmail.errors import BackendUnavailable
@@ -51,15 +51,6 @@ from gradientmail.errors import BackendUnavailable
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
 TARGETS = {"weighted mean": 0.5, "RDA standalone": 0.33, "RDA, norms given": 0.5, "outer step": 0.5}
-
-
-def best_of(repeat: int, action: Callable[[], Any]) -> float:
-    times = []
-    for _ in range(repeat):
-        started = time.perf_counter()
-        action()
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def old_weighted_mean(backend: Backend, deltas: Sequence[Tensor], weights: Sequence[float]) -> Tensor:
