@@ -18,7 +18,7 @@ requests by operation (``benchmarks/s3_requests.py``). Per committed round: the 
 pass, each learner's publish and each learner's fetch of the commit (``newest_version``,
 ``read_round``, ``read_params``: what the exchange does when a commit appears), for M = 2, 4, 8 at
 ``--count-mb`` and for the timed round at ``--mb``. Idle: real ``gm.Session`` learners (NumPy
-model, default options: every node also stands for syncer) joined to a run, not stepping, for
+model, the cost-saving idle pace `IDLE_OPTIONS`; every node also stands for syncer) joined to a run, not stepping, for
 ``--idle-s`` seconds after ``--settle-s``, 1, 3 and 8 of them (``--idle-only`` measures just
 these, taking the round's requests from ``--round-requests``). Then a day of 8 learners committing once a minute at
 AWS S3 list prices. Target: requests per committed round grow with the contributions merged, not
@@ -448,8 +448,13 @@ def phase_table(
 
 
 # -- idle learners -----------------------------------------------------------------------------
+IDLE_OPTIONS = gm.SessionOptions(idle_poll_interval_s=gm.SessionOptions().lease_ttl_s / 3)
+"""The idle learners' options: the cost-saving idle pace, a third of the lease TTL (docs/session.md,
+"Polling"). The default idle pace is ``poll_interval_s``, about ten times the requests."""
+
+
 def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -> dict[str, Any]:
-    """``k`` real ``gm.Session`` learners (default options) joined to one run, idle for ``idle_s``."""
+    """``k`` real ``gm.Session`` learners (``IDLE_OPTIONS``) joined to one run, idle for ``idle_s``."""
     server = weed.server
     prefix = f"bench-idle/{k}-{uuid.uuid4().hex[:8]}"
     counters = [RequestCounter() for _ in range(k)]
@@ -459,7 +464,9 @@ def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -
     try:
         for i, box in enumerate(boxes):
             model = {"layer.weight": np.zeros(1024, np.float32)}
-            session = gm.Session(model, algorithm=algorithm, mailbox=box, learner_id=f"idle-{i}", backend="numpy")
+            session = gm.Session(
+                model, algorithm=algorithm, mailbox=box, learner_id=f"idle-{i}", backend="numpy", options=IDLE_OPTIONS
+            )
             session.open()
             sessions.append(session)
         time.sleep(settle_s)  # the election settles; one-time checks done
@@ -482,7 +489,11 @@ def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -
     return {
         "learners": k,
         "idle_s": elapsed,
-        "options": {"poll_interval_s": gm.SessionOptions().poll_interval_s, "lease_ttl_s": gm.SessionOptions().lease_ttl_s},
+        "options": {
+            "poll_interval_s": IDLE_OPTIONS.poll_interval_s,
+            "lease_ttl_s": IDLE_OPTIONS.lease_ttl_s,
+            "idle_poll_interval_s": IDLE_OPTIONS.idle_poll_interval_s,
+        },
         "nodes": nodes,
         "total_per_s": total,
         "per_learner_per_s": {op: n / k for op, n in total.items()},
@@ -624,7 +635,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({fmt_counts(per_round_timed)}){' (given, not measured)' if not rounds else ''}"
     )
 
-    print(f"\n== idle requests per second (real gm.Session learners, default options, nothing published, {args.idle_s:g} s) ==")
+    print(f"\n== idle requests per second (real gm.Session learners, idle pace TTL/3, nothing published, {args.idle_s:g} s) ==")
     for run in idle:
         per_learner = sum(run["per_learner_per_s"].values())
         leader = [n for n in run["nodes"] if n["leader"]]
