@@ -55,8 +55,7 @@ import numpy as np
 
 import gradientmail as gm
 from gradientmail.backends import get_backend, payload
-from gradientmail.mailbox import FileMailbox, Mailbox
-from gradientmail.mailbox.base import ObjectInfo
+from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox
 from gradientmail.records import Contribution, Lease, keys
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import RunProposal, join_run
@@ -122,18 +121,14 @@ class ManualClock:
         return self.now
 
 
-class MeteredMailbox:
+class MeteredMailbox(ForwardingMailbox):
     """Passes every call to ``inner`` and remembers, per key, the allowance each read asked for
     (``max_bytes``) and the bytes reads handed back."""
 
     def __init__(self, inner: Mailbox) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.allowances: dict[str, list[int | None]] = {}
         self.returned: Counter[str] = Counter()
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
 
     def _count(self, key: str, max_bytes: int | None, data: bytes | None) -> None:
         self.allowances.setdefault(key, []).append(max_bytes)
@@ -151,30 +146,6 @@ class MeteredMailbox:
             raise
         self._count(key, max_bytes, data)
         return data, token
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self.inner.head(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def list(self, prefix: str = "") -> list[str]:
-        return self.inner.list(prefix)
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.inner.put(key, data)
-
-    def create(self, key: str, data: bytes) -> str:
-        return self.inner.create(key, data)
-
-    def swap(self, key: str, data: bytes, expected_token: str) -> str:
-        return self.inner.swap(key, data, expected_token)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def file_reads() -> int:

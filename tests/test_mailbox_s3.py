@@ -104,30 +104,6 @@ def test_multipart_create_once_and_swap_are_conditional(make_s3_mailbox: Callabl
     assert counter.calls.get("AbortMultipartUpload", 0) == 2  # the refused uploads leave no parts
 
 
-def test_a_download_restarts_when_the_object_is_replaced_mid_read(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
-) -> None:
-    session = _session(s3_server)
-    mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
-    rival = make_s3_mailbox(mailbox.prefix, tuning=SMALL_PARTS)
-    old, new = _random_bytes(3, 11 * MiB), _random_bytes(4, 12 * MiB)
-    mailbox.put("blob", old)
-    replaced = threading.Event()
-
-    def replace_once(params: dict[str, Any], **_: Any) -> None:
-        if params.get("Range", "bytes=0-").startswith("bytes=0-") or replaced.is_set():
-            return
-        replaced.set()
-        rival.put("blob", new)
-
-    session.events.register("provide-client-params.s3.GetObject", replace_once)
-    fresh = make_s3_mailbox(mailbox.prefix, session=session, tuning=SMALL_PARTS)
-    data, token = fresh.get_versioned("blob")
-    assert replaced.is_set()
-    assert data == new  # never a mix of the two versions
-    assert token == rival.head("blob").token  # type: ignore[union-attr]
-
-
 # -- max_bytes: refused from the first answer's headers ------------------------------
 
 

@@ -16,7 +16,7 @@ import pytest
 from benchmarks.bad_input import FRAGMENT, Run, create_run
 from gradientmail.backends import payload
 from gradientmail.errors import CorruptPayload, MailboxError, MailboxUnavailable
-from gradientmail.mailbox import Mailbox, MemoryMailbox, ObjectInfo
+from gradientmail.mailbox import ForwardingMailbox, Mailbox, MemoryMailbox
 from gradientmail.mailbox.base import HashingGet
 from gradientmail.records import PayloadRef, Rejection, keys
 from gradientmail.store import RunStore
@@ -33,48 +33,7 @@ def _no_run_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
-class Forwarding:
-    """A mailbox forwarding every call to ``inner`` (subclasses change one or two)."""
-
-    def __init__(self, inner: Mailbox) -> None:
-        self.inner = inner
-
-    @property
-    def url(self) -> str:
-        return self.inner.url
-
-    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
-        return self.inner.get(key, max_bytes=max_bytes)
-
-    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        return self.inner.get_versioned(key, max_bytes=max_bytes)
-
-    def head(self, key: str) -> ObjectInfo | None:
-        return self.inner.head(key)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def put(self, key: str, data: bytes) -> str:
-        return self.inner.put(key, data)
-
-    def create(self, key: str, data: bytes) -> str:
-        return self.inner.create(key, data)
-
-    def swap(self, key: str, data: bytes, expected_token: str) -> str:
-        return self.inner.swap(key, data, expected_token)
-
-    def list(self, prefix: str = "") -> list[str]:
-        return self.inner.list(prefix)
-
-    def delete(self, key: str) -> None:
-        self.inner.delete(key)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class Hashing(Forwarding):
+class Hashing(ForwardingMailbox):
     """A store that hands over the sha256 with the bytes (``HashingGet``); ``lie`` replaces it."""
 
     def __init__(self, inner: Mailbox, lie: str | None = None) -> None:
@@ -218,7 +177,7 @@ def test_validate_through_a_hashing_store_rejects_a_lying_digest_before_decoding
     assert not isinstance(validate(RunStore(Hashing(run.store._mailbox)), run.syncer.backend, run.spec, 0, key), Rejection)
 
 
-class FailingPut(Forwarding):
+class FailingPut(ForwardingMailbox):
     def __init__(self, inner: Mailbox, part: str) -> None:
         super().__init__(inner)
         self.part = part

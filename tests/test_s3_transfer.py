@@ -395,9 +395,12 @@ def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
 
 
 @pytest.mark.s3
-def test_a_hashed_download_restarted_on_a_replaced_object_hashes_the_new_one_only(
-    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+@pytest.mark.parametrize("read", ["get_versioned", "get_sha256"])
+def test_a_download_restarted_on_a_replaced_object_returns_and_hashes_the_new_one_only(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server, read: str
 ) -> None:
+    """An object replaced between a download's first and later parts is fetched again whole:
+    never a mix of two versions, the token and digest are the new object's."""
     session = _session(s3_server)
     mailbox = make_s3_mailbox(session=session, tuning=SMALL_PARTS)
     rival = make_s3_mailbox(mailbox.prefix, tuning=SMALL_PARTS)
@@ -413,5 +416,10 @@ def test_a_hashed_download_restarted_on_a_replaced_object_hashes_the_new_one_onl
 
     session.events.register("provide-client-params.s3.GetObject", replace_once)
     fresh = make_s3_mailbox(mailbox.prefix, session=session, tuning=SMALL_PARTS)
-    assert fresh.get_sha256("blob") == (new, hashlib.sha256(new).hexdigest())
+    if read == "get_sha256":
+        assert fresh.get_sha256("blob") == (new, hashlib.sha256(new).hexdigest())
+    else:
+        data, token = fresh.get_versioned("blob")
+        assert data == new
+        assert token == rival.head("blob").token  # type: ignore[union-attr]
     assert replaced.is_set()

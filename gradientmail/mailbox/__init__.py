@@ -6,7 +6,7 @@
 is first used.
 """
 
-from gradientmail.mailbox.base import Mailbox, ObjectInfo
+from gradientmail.mailbox.base import ForwardingMailbox, Mailbox, ObjectInfo
 from gradientmail.mailbox.directory import FileMailbox
 from gradientmail.mailbox.keys import validate_key
 from gradientmail.mailbox.memory import MemoryMailbox
@@ -17,6 +17,7 @@ from gradientmail.mailbox.url import open_mailbox
 __all__ = [
     "Mailbox",
     "ObjectInfo",
+    "ForwardingMailbox",
     "MemoryMailbox",
     "FileMailbox",
     "S3Mailbox",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["HashingGet", "Mailbox", "ObjectInfo"]
+__all__ = ["ForwardingMailbox", "HashingGet", "Mailbox", "ObjectInfo"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +130,45 @@ class HashingGet(Protocol):
         """:meth:`Mailbox.get` (same errors, same allowance), and the hex sha256 of exactly
         the bytes returned."""
         ...
+
+
+class ForwardingMailbox:
+    """A mailbox that passes every operation to ``inner``: subclass it and override the one or two
+    operations to meter, delay or fail (the way transports wrap transports in httpx)."""
+
+    def __init__(self, inner: Mailbox) -> None:
+        self.inner = inner
+
+    @property
+    def url(self) -> str:
+        return self.inner.url
+
+    def get(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        return self.inner.get(key, max_bytes=max_bytes)
+
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self.inner.get_versioned(key, max_bytes=max_bytes)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        return self.inner.head(key)
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(key)
+
+    def put(self, key: str, data: bytes) -> str:
+        return self.inner.put(key, data)
+
+    def create(self, key: str, data: bytes) -> str:
+        return self.inner.create(key, data)
+
+    def swap(self, key: str, data: bytes, expected_token: str) -> str:
+        return self.inner.swap(key, data, expected_token)
+
+    def list(self, prefix: str = "") -> list[str]:
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def close(self) -> None:
+        self.inner.close()
