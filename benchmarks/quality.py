@@ -55,12 +55,19 @@ ARMS: dict[str, dict[str, Any]] = {
     "guide: aligning drops unmerged work": {"carry_unmerged": False},
     "alternative: mixing 0.5, no carry": {"carry_unmerged": False, "mixing": 0.5},
     "alternative: late deltas, staleness 1": {"carry_unmerged": False, "max_staleness": 1},
+    "int4 deltas and commits": {"delta_quantization": "int4", "update_quantization": "int4"},
 }
 """DiLoCo settings of each GradientMail arm beyond sync_every and fragments=1; {} is every default."""
 
 TARGET_DEFAULT_RATIO = 1.01
 TARGET_MERGED_SHARE = 0.97
 TARGET_QUORUM_ALL_RATIO = 1.005
+TARGET_INT4_RATIO = 1.005
+"""4-bit both ways within 0.5 % of the same run with fp32 deltas (the defaults arm)."""
+TARGET_DP_BYTES_RATIO = 400.0
+"""Bytes moved per learner ≥ 400× fewer than data-parallel at H = 100 (Streaming DiLoCo's figure)."""
+DP_BYTES_PER_PARAM_STEP = 8.0
+"""fp32 ring all-reduce: each learner sends and receives ≈ 2 × 4 bytes per parameter per step."""
 
 
 @dataclass
@@ -80,6 +87,10 @@ class Arm:
     grace_s: float = 0.0
     """Median grace window the syncer allowed."""
     steps_per_s: dict[str, float] = field(default_factory=dict)
+    up_bytes_per_param: float = 0.0
+    """Bytes a learner published per parameter per round (its payloads ÷ rounds ÷ parameters)."""
+    down_bytes_per_param: float = 0.0
+    """Bytes a learner fetched per parameter per round."""
     curve: list[tuple[int, float]] = field(default_factory=list)
     """(step, training loss) points for the plot."""
 
@@ -159,6 +170,7 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
     syncer_bytes = sum(r.params.size_bytes + r.outer_state.size_bytes for r in records)
     syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
     learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
+    per_learner_round = len(sleeps) * newest * sum(p.numel for p in spec.parameters.values())
     by_step: dict[int, list[float]] = {}
     for points in progress:
         for step, loss in points:
@@ -172,6 +184,8 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
         arrival_spread_s=float(np.median([r.timing.arrival_spread_s for r in records])),
         grace_s=float(np.median([r.timing.grace_s for r in records])),
         steps_per_s={f"learner-{i + 1}": round(f["steps"] / max(f["elapsed_s"], 1e-9), 2) for i, f in enumerate(finals)},
+        up_bytes_per_param=sum(f["bytes_published"] for f in finals) / per_learner_round,
+        down_bytes_per_param=sum(f["bytes_fetched"] for f in finals) / per_learner_round,
         curve=[(step, float(np.mean(losses))) for step, losses in sorted(by_step.items())],
     )  # fmt: skip
 
@@ -189,16 +203,24 @@ def step_time_s(config: GPTConfig) -> float:
     return (time.perf_counter() - started) / 10
 
 
+def dp_ratio(arm: Arm, sync_every: int) -> float:
+    """Data-parallel's bytes per learner over ours for the same steps, at sync period ``sync_every``
+    (a round's bytes do not depend on H; data-parallel moves 8 bytes per parameter every step)."""
+    ours = arm.up_bytes_per_param + arm.down_bytes_per_param
+    return DP_BYTES_PER_PARAM_STEP * sync_every / ours if ours else float("inf")
+
+
 def table(arms: list[Arm], sync: Arm) -> list[str]:
     lines = [
         f"{'arm':<38} {'mix':<6} {'val loss':>8} {'÷ sync':>7} {'merged':>7} {'rounds':>6} {'per rnd':>7} {'spread s':>8} "
-        f"{'stale':>5} {'wall s':>7} {'MB moved':>9}",
+        f"{'stale':>5} {'wall s':>7} {'MB moved':>9} {'B/p up':>6} {'B/p dn':>6} {'÷DP H':>6} {'÷DP@100':>7}",
     ]
     for arm in arms:
         lines.append(
             f"{arm.name:<38} {arm.mix:<6} {arm.val_loss:8.4f} {arm.val_loss / sync.val_loss:7.4f} {arm.merged_share:7.3f} "
             f"{arm.rounds:6d} {arm.participants_per_round:7.2f} {arm.arrival_spread_s:8.2f} {arm.stale:5d} {arm.wall_s:7.0f} "
-            f"{arm.mailbox_bytes / 1e6:9.1f}"
+            f"{arm.mailbox_bytes / 1e6:9.1f} {arm.up_bytes_per_param:6.3f} {arm.down_bytes_per_param:6.3f} "
+            f"{dp_ratio(arm, SYNC_EVERY):6.0f} {dp_ratio(arm, 100):7.0f}"
         )
     return lines
 
@@ -218,6 +240,15 @@ def targets(arms: list[Arm], sync: Arm) -> list[tuple[str, bool]]:
         if arm.name == "GradientMail quorum = learners":
             text = f"{arm.mix}: quorum = learners {ratio:.4f} × sync DiLoCo within {TARGET_QUORUM_ALL_RATIO - 1:.1%} of 1"
             verdicts.append((text, abs(ratio - 1) <= TARGET_QUORUM_ALL_RATIO - 1))
+        fp32 = next((a for a in arms if a.name == "GradientMail defaults" and a.mix == arm.mix), None)
+        if arm.name == "int4 deltas and commits" and fp32 is not None:
+            quantized = arm.val_loss / fp32.val_loss
+            text = f"{arm.mix}: int4 both ways {quantized:.4f} × fp32 deltas (defaults) ≤ {TARGET_INT4_RATIO}"
+            verdicts.append((text, quantized <= TARGET_INT4_RATIO))
+            fewer = dp_ratio(arm, 100)
+            text = f"{arm.mix}: int4 both ways: {fewer:.0f}× fewer bytes than data-parallel at H = 100"
+            text += f" ≥ {TARGET_DP_BYTES_RATIO:.0f}"
+            verdicts.append((text, fewer >= TARGET_DP_BYTES_RATIO))
     return verdicts
 
 
@@ -248,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="60 steps, the equal-speed mix only: a smoke run")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    parser.add_argument("--arms", nargs="*", help="run only the GradientMail arms whose names contain one of these")
     args = parser.parse_args(argv)
     steps = 60 if args.quick else STEPS
     out = Path(args.runs_dir) / f"quality-{datetime.now():%Y%m%d-%H%M%S}"
@@ -267,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     arms: list[Arm] = []
     for mix, sleeps in mixes.items():
         for name, knobs in ARMS.items():
+            if args.arms and not any(word in name for word in args.arms):
+                continue
             arm = gradientmail_arm(name, knobs, mix, sleeps, steps, out / f"{mix}-{len(arms)}")
             arms.append(arm)
             print(f"  {name} ({mix}): {arm.val_loss:.4f}, merged {arm.merged_share:.3f} ({arm.wall_s:.0f} s)", flush=True)

@@ -146,14 +146,23 @@ def _check_head(store: RunStore, fragment: int, newest: int, top: StoredRound | 
 
 def _check_blobs(store: RunStore, spec: RunSpec, stored: dict[int, StoredRound], where: str, report: AuditReport) -> None:
     checked = 0
+    params_of: dict[int, dict[str, np.ndarray]] = {}
     for version, current in sorted(stored.items()):
         record = current.record
         try:
-            store.read_params(spec, record)
+            params_of[version] = store.read_params(spec, record)
             store.read_tensors(record.outer_state)
             checked += 2
+            if record.update is not None:  # INV-16: the compact update rebuilds the committed bytes
+                base = params_of.get(record.base_version) if record.base_version is not None else None
+                if base is not None:
+                    store.rebuild_params(spec, record, base)
+                else:
+                    store.read_blob(record.update)
+                checked += 1
         except GradientMailError as exc:
             report.fail(f"{where} version {version}: referenced blob bad: {exc}")
+        params_of.pop(version - 2, None)
     report.ok(f"{where}: {checked} referenced blobs present with matching size and sha256")
 
 

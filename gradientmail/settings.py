@@ -28,6 +28,7 @@ from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.merge import IsoC, Merge, Rda, WeightedMean
+from gradientmail.backends.quantize import QuantFormat
 from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
@@ -115,6 +116,14 @@ class NodeSettings(BaseSettings):
     """Publish the steps trained since the last contribution when the session closes."""
     delta_dtype: str | None = _ALGORITHM["delta_dtype"].default
     """dtype deltas travel in (e.g. ``bfloat16``); unset: each parameter's own. Run-wide."""
+    delta_quantization: QuantFormat | None = _ALGORITHM["delta_quantization"].default
+    """Blockwise quantization of published deltas: ``int8``, ``fp8_e4m3``, ``int4`` or ``int2``. Run-wide."""
+    update_quantization: QuantFormat | None = _ALGORITHM["update_quantization"].default
+    """Commits also publish their change in this form; learners one version behind fetch it. Run-wide."""
+    quantization_block: int = _ALGORITHM["quantization_block"].default
+    """Elements per fp32 scale in the quantized forms. Run-wide."""
+    error_feedback: bool = _ALGORITHM["error_feedback"].default
+    """With ``delta_quantization``: carry what the codes could not send into the next contribution."""
     grace_gamma: float = _ALGORITHM["grace_gamma"].default
     """Share of the slack a round's grace window may spend (γ). Run-wide."""
     grace_tau: float = _ALGORITHM["grace_tau"].default

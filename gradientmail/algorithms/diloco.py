@@ -15,6 +15,7 @@ from gradientmail.algorithms.config_base import FrozenConfig
 from gradientmail.algorithms.merge import IsoC, MergeConfig, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
 from gradientmail.algorithms.outer import NesterovOuter
 from gradientmail.backends.payload import FLOAT_DTYPES
+from gradientmail.backends.quantize import DEFAULT_BLOCK, Codec, QuantFormat
 
 __all__ = ["DiLoCo", "Rda", "WeightedMean", "IsoC", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
 
@@ -27,6 +28,9 @@ RUN_FIELDS = (
     "quorum_size",
     "max_staleness",
     "delta_dtype",
+    "delta_quantization",
+    "update_quantization",
+    "quantization_block",
     "grace_gamma",
     "grace_tau",
     "grace_max_s",
@@ -34,7 +38,7 @@ RUN_FIELDS = (
 """Fields every node of a run must share (compared against the manifest on join).
 
 The rest (``in_flight``, ``overlap_steps``, ``mixing``, ``carry_unmerged``, ``max_carried_steps``,
-``flush_on_close``) shape one
+``flush_on_close``, ``error_feedback``) shape one
 learner's own loop, so a Mac learner and a GPU learner may set them differently.
 """
 
@@ -80,6 +84,21 @@ class DiLoCo(FrozenConfig):
     """Publish the steps trained since the last contribution when the session closes."""
     delta_dtype: str | None = None
     """dtype deltas travel in; None means each parameter's own dtype."""
+    delta_quantization: QuantFormat | None = None
+    """Blockwise quantization of published deltas (``int8``, ``fp8_e4m3``, ``int4``, ``int2``; one
+    fp32 scale per ``quantization_block`` elements); the syncer dequantizes and merges in fp32.
+    None: deltas travel as ``delta_dtype``."""
+    update_quantization: QuantFormat | None = None
+    """Each commit also publishes its change from the previous version in this form, and a
+    learner one version behind fetches that instead of the parameters. The committed
+    parameters are *defined* as the previous ones plus the dequantized change (the outer
+    step's exact result stays in the outer state as an fp32 master), so the learner rebuilds
+    the very bytes committed, and checks them against the record's checksum."""
+    quantization_block: int = Field(default=DEFAULT_BLOCK, gt=0)
+    """Elements per fp32 scale in both quantized forms (a multiple of 8 dividing 262144)."""
+    error_feedback: bool = True
+    """With ``delta_quantization``: what a merged contribution's codes could not carry is added
+    to the learner's next contribution of that fragment (dropped when the work was not merged)."""
     grace_gamma: float = Field(default=0.5, ge=0, le=1)
     """γ: share of the slack a grace window may spend."""
     grace_tau: float = Field(default=4.0, ge=0)
@@ -100,6 +119,29 @@ class DiLoCo(FrozenConfig):
         if value is not None and value not in FLOAT_DTYPES:
             raise ValueError(f"must be None or one of {sorted(FLOAT_DTYPES)}")
         return value
+
+    @field_validator("quantization_block")
+    @classmethod
+    def _codec_block(cls, value: int) -> int:
+        Codec("int8", value)  # the block rules live with the codec
+        return value
+
+    @field_validator("delta_quantization")
+    @classmethod
+    def _not_with_delta_dtype(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("delta_dtype") is not None:
+            raise ValueError("delta_dtype and delta_quantization are alternatives: set one")
+        return value
+
+    @property
+    def delta_codec(self) -> Codec | None:
+        """How contributions travel when quantized; None when they travel as floats."""
+        return Codec(self.delta_quantization, self.quantization_block) if self.delta_quantization else None
+
+    @property
+    def update_codec(self) -> Codec | None:
+        """How a commit's change from the previous version travels; None: only full parameters."""
+        return Codec(self.update_quantization, self.quantization_block) if self.update_quantization else None
 
     @field_validator("carry_unmerged")
     @classmethod

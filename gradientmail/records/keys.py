@@ -64,6 +64,11 @@ def outer_state_blob(fragment: int, version: int, writer: str, attempt: str) -> 
     return f"{fragment_root(fragment)}versions/{version:010d}/outer-{check_learner_id(writer)}.{_attempt(attempt)}.safetensors"
 
 
+def update_blob(fragment: int, version: int, writer: str, attempt: str) -> str:
+    """A version's compact change from the previous one (runs with ``update_quantization``)."""
+    return f"{fragment_root(fragment)}versions/{version:010d}/update-{check_learner_id(writer)}.{_attempt(attempt)}.safetensors"
+
+
 def _attempt(attempt: str) -> str:
     if not re.fullmatch(r"[0-9a-f]{1,32}", attempt):
         raise InvalidKey(f"commit attempt id {attempt!r} must be 1-32 lowercase hex digits")

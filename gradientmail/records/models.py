@@ -314,6 +314,9 @@ class RoundRecord(Record):
     samples_per_step_cap: float | None = Field(default=None, gt=0)
     """The bound on samples per step used for the weights (samples are capped at it × steps);
     None: no bound applied. Replay recomputes the weights with it."""
+    update: PayloadRef | None = None
+    """With ``update_quantization``: the quantized change from ``base_version``'s parameters;
+    those parameters plus the dequantized change are exactly ``params`` (docs/protocol.md)."""
 
 
 class Head(Record):

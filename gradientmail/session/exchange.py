@@ -30,7 +30,9 @@ import numpy as np
 
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends.payload import numpy_dtype
-from gradientmail.errors import GradientMailError, KeyNotFound
+from gradientmail.backends.quantize import quantize, quantize_with_feedback
+from gradientmail.backends.quantized_payload import encode_parts
+from gradientmail.errors import CorruptPayload, GradientMailError, IncompatiblePayload, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import RoundRecord
 from gradientmail.store import ContributionCounts, LearnerLease, RunSpec, RunStore
@@ -92,6 +94,15 @@ class Commit:
     correction_from: tuple[str, int] | None = None
     """Which θ_start ``correction`` assumed: ``("published", serial)`` or ``("anchor", version)``;
     the learner uses it only when its own choice of start is the same."""
+
+
+@dataclass
+class Residual:
+    """What one contribution's codes could not carry (fp32), and whether its round merged it."""
+
+    anchor_version: int
+    arrays: dict[str, np.ndarray]
+    merged: bool = False
 
 
 def delta_of(
@@ -180,6 +191,14 @@ class Exchange:
         """Fragment → the version other learners have opened a round on (see ``_watch_rounds``)."""
         self.bytes_published = 0
         self.bytes_fetched = 0
+        self.compact_fetches = 0
+        """Commits rebuilt from their compact update (``update_quantization``)."""
+        self.compact_fallbacks = 0
+        """Compact updates that did not rebuild the committed bytes: full parameters read instead."""
+        self._codec = spec.algorithm.delta_codec
+        self._feedback = self._codec is not None and learner.error_feedback
+        self._residuals: dict[int, Residual] = {}
+        """Fragment → what its last contribution's codes could not carry (error feedback)."""
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -294,7 +313,7 @@ class Exchange:
             self._learner,
             fragment,
             publication.anchor_version,
-            delta,
+            delta if self._codec is None else self._quantized(fragment, publication.anchor_version, delta),
             publication.counts,
             first_sequence=self._next_sequence,
         )
@@ -318,12 +337,12 @@ class Exchange:
             if newest is None or newest <= known:
                 continue
             record = self._store.read_round(fragment, newest)
-            params = self._store.read_params(self._spec, record)
+            params = self._read_commit(fragment, known, record)
             if self._writes_commits:  # the learner writes them as they are: spare it a copy
                 params = _writable(params)
-            self.bytes_fetched += record.params.size_bytes
             ours = any(p.learner == self._learner for p in self._round_built_on(fragment, known, newest, record).participants)
             self._note_latency(fragment, known, ours)
+            self._settle_residual(fragment, known, ours)
             known_params = self._known_params[fragment]
             self._known[fragment], self._known_params[fragment] = newest, params
             self._awaiting.discard(fragment)
@@ -337,6 +356,53 @@ class Exchange:
             with self._lock:
                 self._ready[fragment] = commit
             self._on_change()
+
+    def _quantized(self, fragment: int, anchor_version: int, delta: Mapping[str, np.ndarray]) -> bytes:
+        """The quantized payload of ``delta``; with error feedback, plus the residual of the
+        fragment's previous contribution when its round merged it (else that residual belongs to
+        work the carry already re-sends, or that was dropped: it is dropped too)."""
+        assert self._codec is not None
+        previous = self._residuals.pop(fragment, None)
+        carried = previous.arrays if previous is not None and previous.merged else {}
+        parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        left: dict[str, np.ndarray] = {}
+        for name, value in delta.items():
+            if self._feedback:
+                codes, scales, left[name] = quantize_with_feedback(value, carried.get(name), self._codec)
+            else:
+                codes, scales = quantize(value, self._codec)
+            parts[name] = (codes, scales)
+        if self._feedback:
+            self._residuals[fragment] = Residual(anchor_version, left)
+        return encode_parts(parts, self._codec)
+
+    def _settle_residual(self, fragment: int, known: int, ours: bool) -> None:
+        """A commit built on ``known`` arrived: the residual of a contribution against ``known``
+        is kept for the next one if the round merged ours, else dropped."""
+        residual = self._residuals.get(fragment)
+        if residual is None or residual.merged or residual.anchor_version > known:
+            return
+        if residual.anchor_version == known and ours:
+            residual.merged = True
+        else:
+            del self._residuals[fragment]
+
+    def _read_commit(self, fragment: int, known: int, record: RoundRecord) -> dict[str, np.ndarray]:
+        """The parameters ``record`` commits: rebuilt from its compact update when we hold its
+        base version's parameters (checked against the committed checksum), else read whole."""
+        base = self._known_params[fragment]
+        if record.update is not None and record.base_version == known and base is not None:
+            try:
+                params = self._store.rebuild_params(self._spec, record, base)
+            except (CorruptPayload, IncompatiblePayload) as exc:
+                self.compact_fallbacks += 1
+                log.warning("learner %s: %s; reading the full parameters", self._learner, exc)
+            else:
+                self.compact_fetches += 1
+                self.bytes_fetched += record.update.size_bytes
+                return params
+        self.bytes_fetched += record.params.size_bytes
+        return self._store.read_params(self._spec, record)
 
     def _with_correction(self, commit: Commit) -> Commit:
         """``commit`` with θ_commit − θ_start computed for the start the learner will most likely

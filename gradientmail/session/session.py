@@ -634,6 +634,16 @@ class Session:
         return self._run.exchange.bytes_fetched if self._run is not None else 0
 
     @property
+    def rebuilt_commits(self) -> int:
+        """Commits rebuilt from their compact update (``update_quantization``) instead of fetched whole."""
+        return self._run.exchange.compact_fetches if self._run is not None else 0
+
+    @property
+    def rebuild_fallbacks(self) -> int:
+        """Compact updates that did not rebuild the committed bytes (the full parameters were read)."""
+        return self._run.exchange.compact_fallbacks if self._run is not None else 0
+
+    @property
     def versions(self) -> Mapping[int, int]:
         """The committed version each fragment is aligned with."""
         return dict(enumerate(self.stats.versions))

@@ -21,7 +21,8 @@ from typing import TypeVar
 import numpy as np
 
 from gradientmail.algorithms.diloco import DiLoCo
-from gradientmail.backends import payload
+from gradientmail.backends import payload, quantized_payload
+from gradientmail.backends.quantize import Codec, apply_update
 from gradientmail.errors import (
     CorruptPayload,
     GradientMailError,
@@ -244,6 +245,28 @@ class RunStore:
         """The parameters a round record commits, verified (what a learner aligns with)."""
         return self.read_tensors(record.params, spec.param_specs(record.fragment))
 
+    def rebuild_params(self, spec: RunSpec, record: RoundRecord, base: Mapping[str, np.ndarray]) -> Arrays:
+        """The parameters ``record`` commits, rebuilt from ``base`` (those of its base version)
+        and its compact update: what a learner one version behind fetches instead of them.
+
+        Raises ``CorruptPayload``/``IncompatiblePayload`` when the update does not decode, or the
+        rebuilt parameters do not encode to the committed blob's exact size and sha256 (a wrong
+        base, a damaged update): the caller then reads the full parameters.
+        """
+        codec = spec.algorithm.update_codec
+        if codec is None or record.update is None:
+            raise IncompatiblePayload(f"fragment {record.fragment} version {record.version} has no compact update")
+        parts = quantized_payload.decode_parts(self.read_blob(record.update), codec, spec.shapes(record.fragment))
+        params = {name: apply_update(np.asarray(base[name]), codes, scales, codec) for name, (codes, scales) in parts.items()}
+        check_tensors(params, spec.param_specs(record.fragment), record.update.key)
+        rebuilt = payload.encode(params)
+        if len(rebuilt) != record.params.size_bytes or sha256_hex(rebuilt) != record.params.sha256:
+            raise CorruptPayload(
+                f"fragment {record.fragment} version {record.version}: the parameters rebuilt from its update "
+                "differ from the committed ones"
+            )
+        return params
+
     def commit_version(
         self,
         fragment: int,
@@ -262,13 +285,16 @@ class RunStore:
         previous: str | None = None,
         samples_per_step_cap: float | None = None,
         backend: str | None = None,
+        update: tuple[Codec, quantized_payload.Parts] | None = None,
     ) -> StoredRound | None:
         """Write a version's blobs under keys unique to this attempt, then create its record,
         then point the fragment's head at it.
 
         The blobs are immutable and written *before* the record (INV-1), so a record never
         points at missing bytes and a writer that loses the race overwrites nothing.
-        ``previous`` is the sha256 of version − 1's record (the hash chain, INV-11).
+        ``previous`` is the sha256 of version − 1's record (the hash chain, INV-11). ``update``
+        is the compact form of ``params`` − version ``base_version``'s parameters (written as a
+        third blob, referenced as the record's ``update``).
         Returns the stored record, or None if another writer committed this version first.
         """
         attempt = uuid.uuid4().hex[:12]
@@ -277,6 +303,11 @@ class RunStore:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-sha256") as hashing:
             params_ref = self._write_tensors(keys.params_blob(fragment, version, committed_by, attempt), params, hashing)
             state_ref = self._write_tensors(keys.outer_state_blob(fragment, version, committed_by, attempt), outer_state, hashing)
+            update_ref = None
+            if update is not None:
+                codec, parts = update
+                update_key = keys.update_blob(fragment, version, committed_by, attempt)
+                update_ref = self._put_blob(update_key, quantized_payload.encode_parts(parts, codec), hashing)
         record = RoundRecord(
             fragment=fragment,
             version=version,
@@ -295,13 +326,14 @@ class RunStore:
             previous=previous,
             samples_per_step_cap=samples_per_step_cap,
             backend=backend,
+            update=update_ref,
         )
         location = keys.round_record(fragment, version)
         data = self._encode(location, record)
         try:
             self._mailbox.create(location, data)
         except RecordExists:
-            for orphan in (params_ref.key, state_ref.key):  # never referenced by any record
+            for orphan in (params_ref.key, state_ref.key, *([update_ref.key] if update_ref else [])):  # never referenced
                 self._mailbox.delete(orphan)
             return None
         stored = StoredRound(self._parse(RoundRecord, location, data), sha256_hex(data))
@@ -325,11 +357,12 @@ class RunStore:
         learner: str,
         fragment: int,
         anchor_version: int,
-        delta: Mapping[str, np.ndarray],
+        delta: Mapping[str, np.ndarray] | bytes,
         counts: ContributionCounts,
         first_sequence: int = 1,
     ) -> tuple[keys.ContributionKey, int]:
         """Put a delta, then create its record once; returns its key and the payload's bytes.
+        ``delta`` is the named arrays, or a payload already encoded (a quantized one).
 
         ``first_sequence`` is the lowest sequence number to use; taken ones are skipped, so a
         restarted learner never collides with what it published before.
@@ -341,7 +374,7 @@ class RunStore:
         while self._mailbox.exists(keys.contribution_record(fragment, anchor_version, learner, sequence)):
             sequence += 1
         key = keys.ContributionKey(fragment, anchor_version, learner, sequence)
-        data = payload.encode(delta)
+        data = delta if isinstance(delta, bytes) else payload.encode(delta)
         self._mailbox.put(key.blob, data)
         contribution = Contribution(
             learner=learner,
@@ -380,8 +413,13 @@ class RunStore:
         return self._read_record(Contribution, key.record)[0]
 
     def read_delta(self, spec: RunSpec, contribution: Contribution) -> Arrays:
-        """The contribution's delta, verified against the record and the run's delta shapes."""
-        return self.read_tensors(contribution.payload, spec.delta_specs(contribution.fragment))
+        """The contribution's delta, verified against the record and the run's delta shapes;
+        dequantized to fp32 when the run quantizes deltas."""
+        codec = spec.algorithm.delta_codec
+        if codec is None:
+            return self.read_tensors(contribution.payload, spec.delta_specs(contribution.fragment))
+        data = self.read_blob(contribution.payload)
+        return quantized_payload.decode_dequantized(data, codec, spec.shapes(contribution.fragment))
 
     def delete_contribution(self, key: keys.ContributionKey) -> None:
         """Remove a contribution that no round will read again (payload first, then record)."""
@@ -393,7 +431,9 @@ class RunStore:
         self, key: str, tensors: Mapping[str, np.ndarray], hashing: ThreadPoolExecutor | None = None
     ) -> PayloadRef:
         """Encode and put a blob; with ``hashing``, its sha256 is taken there while it uploads."""
-        data = payload.encode(tensors)
+        return self._put_blob(key, payload.encode(tensors), hashing)
+
+    def _put_blob(self, key: str, data: bytes, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
         digest = hashing.submit(sha256_hex, data) if hashing is not None else None
         try:
             self._mailbox.put(key, data)

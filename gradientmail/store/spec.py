@@ -68,8 +68,15 @@ class RunSpec:
         return self.parameters[name].dtype
 
     def delta_dtype(self, name: str) -> str:
-        """The dtype parameter ``name``'s deltas travel in (``delta_dtype`` or its own)."""
+        """The dtype parameter ``name``'s deltas are computed in before they travel: ``delta_dtype``
+        or its own; float32 when they are quantized (the codes are taken from fp32)."""
+        if self.algorithm.delta_quantization is not None:
+            return "float32"
         return self.algorithm.delta_dtype or self.parameters[name].dtype
+
+    def shapes(self, fragment: int) -> dict[str, tuple[int, ...]]:
+        """Each parameter of ``fragment`` and its shape, in fragment order."""
+        return {n: tuple(self.parameters[n].shape) for n in self.fragments[fragment]}
 
     def param_specs(self, fragment: int) -> dict[str, TensorShape]:
         return {n: TensorShape(tuple(self.parameters[n].shape), self.dtype(n)) for n in self.fragments[fragment]}
@@ -79,5 +86,8 @@ class RunSpec:
 
     def max_payload_bytes(self, fragment: int) -> int:
         """The largest a valid contribution payload of ``fragment`` can be."""
+        codec = self.algorithm.delta_codec
+        if codec is not None:
+            return sum(codec.nbytes(self.parameters[n].numel) for n in self.fragments[fragment]) + PAYLOAD_HEADER_SLACK
         raw = sum(self.parameters[n].numel * numpy_dtype(self.delta_dtype(n)).itemsize for n in self.fragments[fragment])
         return raw + PAYLOAD_HEADER_SLACK

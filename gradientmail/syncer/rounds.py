@@ -23,9 +23,13 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from gradientmail.algorithms.merge import MergedDelta, merge_from_manifest, merge_tensors_scaled, staleness_discount, weight
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend, Tensor
+from gradientmail.backends.quantize import compact_update
+from gradientmail.backends.quantized_payload import Parts
 from gradientmail.errors import (
     ContributionRejected,
     CorruptPayload,
@@ -46,6 +50,7 @@ __all__ = [
     "apply_round",
     "capped_weights",
     "check_fetched",
+    "compact_update_step",
     "fetch_contribution",
     "load_base",
     "merge_round",
@@ -243,9 +248,11 @@ def all_finite(backend: Backend, tensors: Mapping[str, Tensor]) -> bool:
 def apply_round(
     backend: Backend, spec: RunSpec, base: Base, accepted: Sequence[Accepted]
 ) -> tuple[dict[str, Tensor], OuterState, bool]:
-    """Merge the accepted deltas and take the outer step: new params, new state, final flag."""
+    """Merge the accepted deltas and take the outer step: new params, new state, final flag
+    (with ``update_quantization``, the params are the compact ones, as committed)."""
     merged, final = merge_round(backend, spec, accepted)
     params, state = outer_step(backend, spec, base, merged, final)
+    params, state, _ = compact_update_step(backend, spec, base, params, state)
     return params, state, final
 
 
@@ -266,6 +273,30 @@ def outer_step(
 ) -> tuple[dict[str, Tensor], OuterState]:
     """The second half of ``apply_round``: the Nesterov outer step on the merged delta."""
     return spec.algorithm.outer.step(backend, base.params, base.state, merged, final=final)
+
+
+def compact_update_step(
+    backend: Backend, spec: RunSpec, base: Base, params: Mapping[str, Tensor], state: OuterState
+) -> tuple[dict[str, Tensor], OuterState, Parts | None]:
+    """With ``update_quantization``: the parameters to commit are the base's plus the quantized
+    change towards the outer step's result, so a learner holding the base rebuilds them from
+    the compact update alone; the exact result stays in the outer state as the fp32 master
+    (the next outer step starts from it, so no rounding accumulates). Without it: unchanged.
+    NumPy on host copies, so every backend commits the same bytes."""
+    codec = spec.algorithm.update_codec
+    if codec is None:
+        return dict(params), state, None
+    committed: dict[str, Tensor] = {}
+    parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    masters = dict(state.master)
+    for name, value in params.items():
+        target = state.master.get(name, value)  # fp32: the master, or the fp32 params themselves
+        old = backend.to_numpy(base.params[name])
+        codes, scales, rebuilt = compact_update(old, backend.to_numpy(target), codec)
+        parts[name] = (codes, scales)
+        committed[name] = backend.from_numpy(rebuilt)
+        masters[name] = target
+    return committed, OuterState(momentum=state.momentum, master=masters), parts
 
 
 def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> dict[str, Tensor]:

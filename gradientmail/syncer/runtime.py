@@ -58,6 +58,7 @@ from gradientmail.syncer.rounds import (
     all_finite,
     capped_weights,
     check_fetched,
+    compact_update_step,
     fetch_contribution,
     load_base,
     merge_round,
@@ -476,6 +477,8 @@ class SyncerRuntime:
         if result is None:
             return
         accepted, params, state, final, merged_at, stepped_at = result
+        params, state, update = compact_update_step(self.backend, self.spec, view.base, params, state)
+        codec = self.spec.algorithm.update_codec
         participants = tuple(
             Participant(
                 learner=a.contribution.learner,
@@ -521,6 +524,7 @@ class SyncerRuntime:
             previous=view.record_sha256 or None,
             samples_per_step_cap=cap,
             backend=self.backend.name,
+            update=(codec, update) if codec is not None and update is not None else None,
         )
         committed_at = self._clock()
         if stored is None:
@@ -547,7 +551,7 @@ class SyncerRuntime:
         self._referenced[(fragment, record.version)] = frozenset(
             [p.contribution for p in participants] + [r.contribution for r in current.rejected]
         )
-        self._blobs_of[(fragment, record.version)] = frozenset((record.params.key, record.outer_state.key))
+        self._blobs_of[(fragment, record.version)] = _blob_keys(record)
         for rejection in current.rejected:
             stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
             if stale is not None:
@@ -641,7 +645,7 @@ class SyncerRuntime:
                 record = self.store.read_round(fragment, version)
             except (KeyNotFound, InvalidRecord):
                 return None  # not ours to judge: leave its blobs alone
-            cached = self._blobs_of[(fragment, version)] = frozenset((record.params.key, record.outer_state.key))
+            cached = self._blobs_of[(fragment, version)] = _blob_keys(record)
         return cached
 
     def committed(self) -> dict[int, RoundRecord]:
@@ -658,3 +662,8 @@ class SyncerRuntime:
         for learner in previous.keys() - self.live.keys():
             if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
                 self.learner_leases_expired += 1
+
+
+def _blob_keys(record: RoundRecord) -> frozenset[str]:
+    """The blobs a round record references (retention keeps them while it keeps the version)."""
+    return frozenset(ref.key for ref in (record.params, record.outer_state, record.update) if ref is not None)

@@ -225,6 +225,16 @@ LEARNER_PUBLISHED = _spec(
     "gradientmail.learner.published", "counter", "By", L, "Contribution payload bytes this learner published."
 )
 LEARNER_FETCHED = _spec("gradientmail.learner.fetched", "counter", "By", L, "Committed parameter bytes this learner fetched.")
+LEARNER_REBUILT = _spec(
+    "gradientmail.learner.rebuilt_commits", "counter", "1", L, "Commits this learner rebuilt from their compact update."
+)
+LEARNER_REBUILD_FALLBACKS = _spec(
+    "gradientmail.learner.rebuild_fallbacks",
+    "counter",
+    "1",
+    L,
+    "Compact updates that did not rebuild the committed bytes; the full parameters were read instead.",
+)
 
 METRICS: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values()) if isinstance(v, MetricSpec))
 """Every metric, in the order above."""

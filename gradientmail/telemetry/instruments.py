@@ -91,6 +91,8 @@ class MetricsRecorder:
         )
         self._observe(c.LEARNER_PUBLISHED, _per_learner(lambda s: s.bytes_published))
         self._observe(c.LEARNER_FETCHED, _per_learner(lambda s: s.bytes_fetched))
+        self._observe(c.LEARNER_REBUILT, _per_learner(lambda s: s.rebuilt_commits))
+        self._observe(c.LEARNER_REBUILD_FALLBACKS, _per_learner(lambda s: s.rebuild_fallbacks))
 
     # -- events from the syncer thread -------------------------------------------------------
     def syncer_attached(self, runtime: Any) -> None:

@@ -1,0 +1,154 @@
+"""Blockwise quantization (int8, fp8_e4m3, int4, int2) against the machine's copy rate, with its error and size.
+
+    python -m benchmarks.quantize [--mb 256] [--repeat 3] [--block 128] [--threads N] [--json PATH]
+
+One fp32 tensor of ``--mb`` MB of Gaussian values. For each format of
+:mod:`gradientmail.backends.quantize` it times, best of ``--repeat``:
+
+* quantize: ``quantize(x, codec)`` (codes and per-block scales from the fp32 tensor);
+* dequantize: ``dequantize(codes, scales, codec, shape)`` (a fresh fp32 tensor back).
+
+Throughput is bytes of fp32 tensor per second (read by quantize, written by dequantize), and
+each figure is divided by ``np.copyto``'s rate from the tensor into a reused buffer of its size,
+measured in the same run as in ``benchmarks.merge``: a copy is timed right before every timed
+run of an operation, so both see the same machine, and each side keeps its best. Target (the
+quantization issue), each printed as met or NOT MET: quantize and dequantize run at ≥ 0.5× the
+copy rate. For information it prints the rate of a copy into a fresh buffer (the first-touch
+page faults that dequantize's new tensor pays and the reused buffer does not), the relative
+error ‖x − deq‖ / ‖x‖ and the payload bytes per element (codes plus fp32 scales). A JSON
+result goes to ``--json`` (default ``runs/quantize-<UTC time>/result.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import math
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.timing import best_of
+from gradientmail.backends import numpy_backend
+from gradientmail.backends.quantize import DEFAULT_BLOCK, FORMATS, Codec, dequantize, quantize
+
+ROOT = Path(__file__).resolve().parent.parent
+MB = 1 << 20
+TARGET = 0.5
+"""quantize and dequantize at ≥ 0.5× the copy rate."""
+
+
+def measure(ops: list[tuple[str, str, Callable[[], Any]]], x: np.ndarray, repeat: int) -> list[dict[str, Any]]:
+    """Best seconds of every operation and of the np.copyto runs timed right before its own."""
+    target = np.empty_like(x)
+    best = [math.inf] * len(ops)
+    copies = [math.inf] * len(ops)
+    for _, _, action in ops:
+        action()  # warm: thread pool, scratch, the allocator's pages
+    for _ in range(repeat):
+        for index, (_, _, action) in enumerate(ops):
+            copies[index] = min(copies[index], best_of(1, lambda: np.copyto(target, x)))
+            best[index] = min(best[index], best_of(1, action))
+    return [
+        {
+            "format": form,
+            "operation": op,
+            "seconds": seconds,
+            "fp32_bytes": x.nbytes,
+            "copy_bytes_per_s": x.nbytes / copy,
+            "gb_per_s": x.nbytes / seconds / 1e9,
+            "ratio_to_copy": copy / seconds,
+        }
+        for (form, op, _), seconds, copy in zip(ops, best, copies, strict=True)
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", 1)[0])
+    parser.add_argument("--mb", type=float, default=256, help="MB of fp32 tensor (default 256)")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--block", type=int, default=DEFAULT_BLOCK, help=f"elements per scale (default {DEFAULT_BLOCK})")
+    parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: the CPUs, at most 8)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if args.threads is not None:
+        numpy_backend.set_kernel_threads(args.threads)
+    threads = numpy_backend.kernel_threads()
+    elements = int(args.mb * MB) // 4
+    x = np.random.default_rng(0).standard_normal(elements, dtype=np.float32)
+    codecs = [Codec(form, args.block) for form in FORMATS]  # type: ignore[arg-type]
+    encoded = {codec.format: quantize(x, codec) for codec in codecs}
+    quality = {}
+    norm = float(np.linalg.norm(x.astype(np.float64)))
+    for codec in codecs:
+        deq = dequantize(*encoded[codec.format], codec, x.shape)
+        error = float(np.linalg.norm(x.astype(np.float64) - deq)) / norm
+        quality[codec.format] = {"relative_error": error, "bytes_per_element": codec.nbytes(elements) / elements}
+        del deq
+    ops: list[tuple[str, str, Callable[[], Any]]] = []
+    for codec in codecs:
+        codes, scales = encoded[codec.format]
+        ops.append((codec.format, "quantize", functools.partial(quantize, x, codec)))
+        ops.append((codec.format, "dequantize", functools.partial(dequantize, codes, scales, codec, x.shape)))
+    results = measure(ops, x, args.repeat)
+    rate = max(r["copy_bytes_per_s"] for r in results)
+    fresh = x.nbytes / best_of(args.repeat, lambda: np.copyto(np.empty_like(x), x))
+    print(
+        f"fp32 tensor of {args.mb:g} MB ({elements} Gaussian values), block {args.block}, "
+        f"kernel threads {threads}, best of {args.repeat}"
+    )
+    print(f"np.copyto of {x.nbytes / 1e9:.2f} GB: {rate / 1e9:.2f} GB/s copied (best; each row uses its own copies)")
+    print(
+        f"into a fresh buffer (first-touch page faults, as dequantize's new tensor pays): {fresh / 1e9:.2f} GB/s "
+        f"({fresh / rate:.2f}× the copy; information)\n"
+    )
+    header = f"{'format':9} {'operation':10} {'seconds':>8} {'GB/s fp32':>9} {'× copy':>7}  target"
+    print(header)
+    print("-" * len(header))
+    targets = []
+    for r in results:
+        met = r["ratio_to_copy"] >= TARGET
+        r["met"] = met
+        ratio = r["ratio_to_copy"]
+        targets.append({"format": r["format"], "operation": r["operation"], "ratio": ratio, "threshold": TARGET, "met": met})
+        verdict = f"≥ {TARGET:g}×: {'met' if met else 'NOT MET'}"
+        print(f"{r['format']:9} {r['operation']:10} {r['seconds']:8.4f} {r['gb_per_s']:9.2f} {ratio:7.2f}  {verdict}")
+    print(f"\n{'format':9} {'‖x − deq‖/‖x‖':>14} {'bytes/element':>14}")
+    for form, q in quality.items():
+        print(f"{form:9} {q['relative_error']:14.3e} {q['bytes_per_element']:14.4f}")
+    missed = [t for t in targets if not t["met"]]
+    print()
+    for t in targets:
+        state = "met" if t["met"] else "NOT MET"
+        print(f"target {t['format']} {t['operation']}: {t['ratio']:.2f}× copy (≥ {t['threshold']:g}×) {state}")
+    print(f"\n{len(targets) - len(missed)}/{len(targets)} targets met")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    path = args.json or ROOT / "runs" / f"quantize-{stamp}" / "result.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": "quantize",
+        "utc": stamp,
+        "machine": {"platform": platform.platform(), "processor": platform.processor(), "kernel_threads": threads},
+        "mb": args.mb,
+        "elements": elements,
+        "block": args.block,
+        "repeat": args.repeat,
+        "copy_bytes_per_s": rate,
+        "fresh_copy_bytes_per_s": fresh,
+        "results": results,
+        "quality": quality,
+        "targets": targets,
+        "all_met": not missed,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"result: {path}")
+    return 0 if math.isfinite(rate) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
