@@ -28,4 +28,8 @@ def test_quick_quality_benchmark_prints_every_arm_and_the_targets(tmp_path):
     assert arms["synchronous DiLoCo"]["val_loss"] < 5.0  # it trained
     defaults = arms["GradientMail defaults"]
     assert defaults["rounds"] >= 1 and 0 < defaults["merged_share"] <= 1 and defaults["mailbox_bytes"] > 0
+    int4 = arms["int4 deltas and commits"]
+    assert 0 < int4["up_bytes_per_param"] < defaults["up_bytes_per_param"] / 6  # 4.25 bits against 32
+    assert 0 < int4["down_bytes_per_param"] < defaults["down_bytes_per_param"] / 3  # compact commits, most of the time
+    assert "int4 both ways" in result.stdout and "fewer bytes than data-parallel" in result.stdout
     assert (run / "loss.png").stat().st_size > 10_000
