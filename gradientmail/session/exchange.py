@@ -388,21 +388,42 @@ class Exchange:
             del self._residuals[fragment]
 
     def _read_commit(self, fragment: int, known: int, record: RoundRecord) -> dict[str, np.ndarray]:
-        """The parameters ``record`` commits: rebuilt from its compact update when we hold its
-        base version's parameters (checked against the committed checksum), else read whole."""
+        """The parameters ``record`` commits: rebuilt from the compact updates of the versions
+        since ``known`` when we hold its parameters and those updates weigh less than the
+        parameters (each step checked against that version's committed checksum), else read whole."""
         base = self._known_params[fragment]
-        if record.update is not None and record.base_version == known and base is not None:
+        chain = self._update_chain(fragment, known, record) if base is not None else []
+        if base is not None and chain:
             try:
-                params = self._store.rebuild_params(self._spec, record, base)
-            except (CorruptPayload, IncompatiblePayload) as exc:
+                for step in chain:
+                    base = self._store.rebuild_params(self._spec, step, base)
+            except (CorruptPayload, IncompatiblePayload, KeyNotFound) as exc:
                 self.compact_fallbacks += 1
                 log.warning("learner %s: %s; reading the full parameters", self._learner, exc)
             else:
                 self.compact_fetches += 1
-                self.bytes_fetched += record.update.size_bytes
-                return params
+                self.bytes_fetched += sum(step.update.size_bytes for step in chain if step.update is not None)
+                return dict(base)
         self.bytes_fetched += record.params.size_bytes
         return self._store.read_params(self._spec, record)
+
+    def _update_chain(self, fragment: int, known: int, record: RoundRecord) -> list[RoundRecord]:
+        """The round records from ``known`` + 1 to ``record`` if each carries a compact update on
+        the version before it and together they weigh less than ``record``'s parameters; else []."""
+        if record.update is None:
+            return []
+        chain = [record]
+        while chain[0].base_version != known:
+            previous = chain[0].base_version
+            if previous is None or previous <= known:
+                return []
+            try:
+                chain.insert(0, self._store.read_round(fragment, previous))
+            except (KeyNotFound, GradientMailError):
+                return []  # retention took it, or it does not verify: read the parameters
+            if chain[0].update is None or sum(r.update.size_bytes for r in chain if r.update) >= record.params.size_bytes:
+                return []
+        return chain
 
     def _with_correction(self, commit: Commit) -> Commit:
         """``commit`` with θ_commit − θ_start computed for the start the learner will most likely
