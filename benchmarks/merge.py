@@ -33,17 +33,14 @@ with ``--no-old``) time the implementation before the fused kernels (the generic
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import math
-import platform
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.timing import best_of
+from benchmarks.timing import best_against_copy, save_result
 from gradientmail.algorithms.merge import NORM_FLOOR, normalized, rda, rda_unscaled, weighted_mean
 from gradientmail.backends import Backend, Tensor, get_backend, numpy_backend
 from gradientmail.errors import BackendUnavailable
@@ -115,15 +112,7 @@ def measure(ops: list[Operation], rows: np.ndarray, repeat: int) -> list[dict[st
     its own runs (as many copies as runs, so a busy machine weighs on both sides alike)."""
     if not ops:
         return []
-    target = np.empty_like(rows)
-    best = [math.inf] * len(ops)
-    copies = [math.inf] * len(ops)
-    for _, _, _, action in ops:
-        action()  # warm: thread pools, the allocator's pages
-    for _ in range(repeat):
-        for index, (_, _, _, action) in enumerate(ops):
-            copies[index] = min(copies[index], best_of(1, lambda: np.copyto(target, rows)))
-            best[index] = min(best[index], best_of(1, action))
+    timed = best_against_copy([action for _, _, _, action in ops], rows, repeat)
     return [
         {
             "backend": name,
@@ -134,7 +123,7 @@ def measure(ops: list[Operation], rows: np.ndarray, repeat: int) -> list[dict[st
             "gb_per_s": nbytes / seconds / 1e9,
             "ratio_to_copy": (nbytes / seconds) / (rows.nbytes / copy),
         }
-        for (name, op, nbytes, _), seconds, copy in zip(ops, best, copies, strict=True)
+        for (name, op, nbytes, _), (seconds, copy) in zip(ops, timed, strict=True)
     ]
 
 
@@ -211,23 +200,21 @@ def main(argv: list[str] | None = None) -> int:
             share = seconds[(name, "outer step")] / seconds[(name, "RDA, norms given")]
             round_costs[name] = share
             print(f"{name}: the outer step takes {share:.2f}× the round's merge pass (RDA, norms given; informational)")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = args.json or ROOT / "runs" / f"merge-{stamp}" / "result.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "benchmark": "merge",
-        "utc": stamp,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "kernel_threads": threads},
-        "deltas": args.m,
-        "mb_per_delta": args.mb,
-        "repeat": args.repeat,
-        "copy_bytes_per_s": rate,
-        "results": results,
-        "targets": targets,
-        "all_met": not missed,
-        "outer_step_over_merge_pass": round_costs,
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    path = save_result(
+        "merge",
+        args.json,
+        threads,
+        {
+            "deltas": args.m,
+            "mb_per_delta": args.mb,
+            "repeat": args.repeat,
+            "copy_bytes_per_s": rate,
+            "results": results,
+            "targets": targets,
+            "all_met": not missed,
+            "outer_step_over_merge_pass": round_costs,
+        },
+    )
     print(f"result: {path}")
     return 0 if math.isfinite(rate) else 1
 

@@ -22,18 +22,15 @@ result goes to ``--json`` (default ``runs/quantize-<UTC time>/result.json``).
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
-import json
 import math
-import platform
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from benchmarks.timing import best_of
+from benchmarks.timing import best_against_copy, best_of, save_result
 from gradientmail.backends import numpy_backend
 from gradientmail.backends.quantize import DEFAULT_BLOCK, FORMATS, Codec, dequantize, quantize
 
@@ -45,15 +42,7 @@ TARGET = 0.5
 
 def measure(ops: list[tuple[str, str, Callable[[], Any]]], x: np.ndarray, repeat: int) -> list[dict[str, Any]]:
     """Best seconds of every operation and of the np.copyto runs timed right before its own."""
-    target = np.empty_like(x)
-    best = [math.inf] * len(ops)
-    copies = [math.inf] * len(ops)
-    for _, _, action in ops:
-        action()  # warm: thread pool, scratch, the allocator's pages
-    for _ in range(repeat):
-        for index, (_, _, action) in enumerate(ops):
-            copies[index] = min(copies[index], best_of(1, lambda: np.copyto(target, x)))
-            best[index] = min(best[index], best_of(1, action))
+    timed = best_against_copy([action for _, _, action in ops], x, repeat)
     return [
         {
             "format": form,
@@ -64,7 +53,7 @@ def measure(ops: list[tuple[str, str, Callable[[], Any]]], x: np.ndarray, repeat
             "gb_per_s": x.nbytes / seconds / 1e9,
             "ratio_to_copy": copy / seconds,
         }
-        for (form, op, _), seconds, copy in zip(ops, best, copies, strict=True)
+        for (form, op, _), (seconds, copy) in zip(ops, timed, strict=True)
     ]
 
 
@@ -127,25 +116,23 @@ def main(argv: list[str] | None = None) -> int:
         state = "met" if t["met"] else "NOT MET"
         print(f"target {t['format']} {t['operation']}: {t['ratio']:.2f}× copy (≥ {t['threshold']:g}×) {state}")
     print(f"\n{len(targets) - len(missed)}/{len(targets)} targets met")
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    path = args.json or ROOT / "runs" / f"quantize-{stamp}" / "result.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    document = {
-        "benchmark": "quantize",
-        "utc": stamp,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "kernel_threads": threads},
-        "mb": args.mb,
-        "elements": elements,
-        "block": args.block,
-        "repeat": args.repeat,
-        "copy_bytes_per_s": rate,
-        "fresh_copy_bytes_per_s": fresh,
-        "results": results,
-        "quality": quality,
-        "targets": targets,
-        "all_met": not missed,
-    }
-    path.write_text(json.dumps(document, indent=2) + "\n")
+    path = save_result(
+        "quantize",
+        args.json,
+        threads,
+        {
+            "mb": args.mb,
+            "elements": elements,
+            "block": args.block,
+            "repeat": args.repeat,
+            "copy_bytes_per_s": rate,
+            "fresh_copy_bytes_per_s": fresh,
+            "results": results,
+            "quality": quality,
+            "targets": targets,
+            "all_met": not missed,
+        },
+    )
     print(f"result: {path}")
     return 0 if math.isfinite(rate) else 1
 
