@@ -91,7 +91,8 @@ class NodeSettings(BaseSettings):
     merge: Literal["rda", "weighted_mean", "iso_c"] = "rda"
     """How the syncer merges accepted deltas: ``rda``, ``weighted_mean`` or ``iso_c``. Run-wide."""
     direct_pattern: str | None = Rda.model_fields["direct_pattern"].default
-    """With ``merge=rda`` or ``iso_c``: tensors whose name contains this take the weighted mean (embeddings)."""
+    """With ``merge=rda`` (default ``embed``) or ``iso_c`` (default unset: Iso-C on every matrix):
+    tensors whose name contains this take the weighted mean."""
     iso_c_form: Literal["exact", "fast"] = IsoC.model_fields["form"].default
     """With ``merge=iso_c``: ``exact`` (SVD) or ``fast`` (Newton–Schulz). Run-wide."""
     outer_lr: float = _ALGORITHM["outer_lr"].default
@@ -209,13 +210,18 @@ class NodeSettings(BaseSettings):
 
     def algorithm(self) -> DiLoCo:
         merge: Merge
+        given = self.model_fields_set
         if self.merge == "rda":
             merge = Rda(direct_pattern=self.direct_pattern)
-        elif self.merge == "iso_c":
-            merge = IsoC(form=self.iso_c_form, direct_pattern=self.direct_pattern)
+        elif self.merge == "iso_c":  # Iso-C's own defaults (embeddings, outer step) unless set
+            pattern = self.direct_pattern if "direct_pattern" in given else IsoC.model_fields["direct_pattern"].default
+            merge = IsoC(form=self.iso_c_form, direct_pattern=pattern)
         else:
             merge = WeightedMean()
-        knobs = {name: getattr(self, name) for name in _ALGORITHM if name != "merge"}
+        merge_defaults = ("outer_lr", "outer_momentum") if self.merge == "iso_c" else ()
+        knobs = {
+            name: getattr(self, name) for name in _ALGORITHM if name != "merge" and (name in given or name not in merge_defaults)
+        }
         return DiLoCo(merge=merge, **knobs)
 
     def key(self) -> RunKey | None:

@@ -12,6 +12,7 @@ from gradientmail.algorithms.merge import MERGE_KINDS, merge_from_manifest, merg
 from gradientmail.backends import get_backend, payload
 from gradientmail.backends.torch_backend import isotropic_exact_tensor, isotropic_fast_tensor
 from gradientmail.session.join import RunProposal, join_run
+from gradientmail.settings import NodeSettings
 from gradientmail.store import ContributionCounts, RunStore
 from gradientmail.syncer import SyncerRuntime, replay_round
 
@@ -164,14 +165,14 @@ def fragment_deltas(count: int, seed: int = 8) -> list[dict[str, np.ndarray]]:
 def test_merge_routes_embeddings_vectors_and_matrices():
     deltas = fragment_deltas(3)
     weights = [3.0, 1.0, 2.0]
-    merged = merge_tensors(gm.IsoC(), deltas, weights, NUMPY)
+    merged = merge_tensors(gm.IsoC(direct_pattern="embed"), deltas, weights, NUMPY)
     means = {n: weighted_mean([d[n] for d in deltas], weights, NUMPY) for n in deltas[0]}
     for name in ("tok_embed.weight", "mlp.bias", "scale"):  # direct_pattern, 1-D, 0-d: the weighted mean
         assert merged[name].tobytes() == means[name].tobytes()
     for name in ("mlp.weight", "conv.weight"):
         matrix = means[name].reshape(means[name].shape[0], -1)
         np.testing.assert_allclose(merged[name].reshape(matrix.shape), independent_iso_c(matrix), atol=1e-6)
-    everything = merge_tensors(gm.IsoC(direct_pattern=None), deltas, weights, NUMPY)
+    everything = merge_tensors(gm.IsoC(), deltas, weights, NUMPY)  # the default: embeddings too
     np.testing.assert_allclose(everything["tok_embed.weight"], independent_iso_c(means["tok_embed.weight"]), atol=1e-6)
 
 
@@ -201,14 +202,14 @@ def test_merges_agree_across_backends(name):
 
 def test_manifest_round_trip_and_kind():
     assert "iso_c" in MERGE_KINDS
-    for merge in (gm.IsoC(), gm.IsoC(form="fast", direct_pattern=None, ns_steps=4, polish_steps=2, fast_scale="rms")):
+    for merge in (gm.IsoC(), gm.IsoC(form="fast", direct_pattern="embed", ns_steps=4, polish_steps=2, fast_scale="rms")):
         assert merge_from_manifest(merge.to_manifest()) == merge
         algorithm = gm.DiLoCo(merge=merge, outer_lr=1.8, outer_momentum=0.8)
         assert gm.DiLoCo.from_manifest(algorithm.to_manifest()) == algorithm
     assert gm.IsoC().to_manifest() == {
         "kind": "iso_c",
         "form": "exact",
-        "direct_pattern": "embed",
+        "direct_pattern": None,
         "ns_steps": 6,
         "polish_steps": 3,
         "fast_scale": "mean",
@@ -283,3 +284,20 @@ def test_an_unknown_merge_kind_is_refused_naming_the_known_ones():
         merge_from_manifest({"kind": "iso_cts"})
     old = gm.DiLoCo().to_manifest()  # manifests written before Iso-C read as they did
     assert gm.DiLoCo.from_manifest(old).merge == gm.Rda()
+
+
+def test_iso_c_runs_take_the_sweeps_outer_step_unless_they_set_one(monkeypatch):
+    """The outer step our sweep chose for Iso-C (docs/algorithms.md) applies when a run does not set one."""
+    assert (gm.DiLoCo(merge=gm.IsoC()).outer_lr, gm.DiLoCo(merge=gm.IsoC()).outer_momentum) == (1.4, 0.8)
+    assert gm.DiLoCo(merge=gm.IsoC(), outer_lr=0.7).outer_momentum == 0.8
+    assert (gm.DiLoCo().outer_lr, gm.DiLoCo(merge=gm.Rda()).outer_momentum) == (0.7, 0.9)
+    stored = gm.DiLoCo.from_manifest(gm.DiLoCo(merge=gm.IsoC(), outer_lr=1.8).to_manifest())
+    assert (stored.outer_lr, stored.outer_momentum) == (1.8, 0.8)
+    monkeypatch.setenv("GRADIENTMAIL_MAILBOX", "memory://iso-c-settings")
+    monkeypatch.setenv("GRADIENTMAIL_MERGE", "iso_c")
+    algorithm = NodeSettings.from_env().algorithm()
+    assert (algorithm.outer_lr, algorithm.outer_momentum, algorithm.merge.direct_pattern) == (1.4, 0.8, None)
+    monkeypatch.setenv("GRADIENTMAIL_OUTER_LR", "0.9")
+    monkeypatch.setenv("GRADIENTMAIL_DIRECT_PATTERN", "embed")
+    algorithm = NodeSettings.from_env().algorithm()
+    assert (algorithm.outer_lr, algorithm.outer_momentum, algorithm.merge.direct_pattern) == (0.9, 0.8, "embed")

@@ -9,10 +9,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gradientmail.algorithms.config_base import FrozenConfig
-from gradientmail.algorithms.merge import IsoC, MergeConfig, Rda, WeightedMean, merge_tensors, rda, weight, weighted_mean
+from gradientmail.algorithms.merge import (
+    ISO_C_OUTER_LR,
+    ISO_C_OUTER_MOMENTUM,
+    IsoC,
+    MergeConfig,
+    Rda,
+    WeightedMean,
+    merge_tensors,
+    rda,
+    weight,
+    weighted_mean,
+)
 from gradientmail.algorithms.outer import NesterovOuter
 from gradientmail.backends.payload import FLOAT_DTYPES
 from gradientmail.backends.quantize import DEFAULT_BLOCK, Codec, QuantFormat
@@ -57,9 +68,9 @@ class DiLoCo(FrozenConfig):
     merge: MergeConfig = Field(default_factory=Rda)
     """How the syncer merges accepted deltas: ``Rda()`` (default), ``WeightedMean()`` or ``IsoC()``."""
     outer_lr: float = Field(default=0.7, gt=0)
-    """Nesterov outer learning rate η."""
+    """Nesterov outer learning rate η (with ``merge=IsoC()``: 1.4 unless set)."""
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
-    """Nesterov outer momentum β; 0 disables momentum."""
+    """Nesterov outer momentum β; 0 disables momentum (with ``merge=IsoC()``: 0.8 unless set)."""
     quorum_size: int = Field(default=1, gt=0)
     """Accepted contributions a round waits for before its grace window (K)."""
     max_staleness: int = Field(default=0, ge=0)
@@ -105,6 +116,17 @@ class DiLoCo(FrozenConfig):
     """τ: learner steps of slack a round may use (grace = γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))."""
     grace_max_s: float = Field(default=60.0, ge=0)
     """Upper bound on one grace window, in seconds."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _iso_c_outer_step(cls, data: Any) -> Any:
+        """A run merging with Iso-C gets Iso-C's outer step unless it sets its own."""
+        if isinstance(data, dict):
+            merge = data.get("merge")
+            kind = merge.get("kind") if isinstance(merge, dict) else getattr(merge, "kind", None)
+            if kind == "iso_c":
+                data = {"outer_lr": ISO_C_OUTER_LR, "outer_momentum": ISO_C_OUTER_MOMENTUM, **data}
+        return data
 
     @field_validator("outer_lr", "grace_tau", "grace_max_s", "grace_gamma", "outer_momentum", "mixing")
     @classmethod

@@ -168,7 +168,8 @@ class IsoC(FrozenConfig):
 
     kind: Literal["iso_c"] = "iso_c"
     form: Literal["exact", "fast"] = "exact"
-    direct_pattern: str | None = Field(default="embed", min_length=1)
+    direct_pattern: str | None = Field(default=None, min_length=1)
+    """None (default): every matrix, embeddings too (measured better: docs/algorithms.md)."""
     ns_steps: int = Field(default=6, ge=0, le=100)
     polish_steps: int = Field(default=3, ge=0, le=100)
     fast_scale: Literal["mean", "rms"] = "mean"
@@ -189,6 +190,12 @@ class IsoC(FrozenConfig):
             return backend.isotropic_exact(mean)
         return backend.isotropic_fast(mean, ns_steps=self.ns_steps, polish_steps=self.polish_steps, scale=self.fast_scale)
 
+
+ISO_C_OUTER_LR = 1.4
+ISO_C_OUTER_MOMENTUM = 0.8
+"""Outer step of a run merging with Iso-C when the run does not set one: the best of our sweep
+(lr 0.7–2.4 × momentum 0.7–0.9, docs/algorithms.md); Iso-C's flattened spectrum moves less
+than the mean delta it replaces, so it wants a larger outer step than DiLoCo's 0.7 / 0.9."""
 
 Merge = Rda | WeightedMean | IsoC
 """Any merge configuration."""
