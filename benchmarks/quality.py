@@ -88,9 +88,9 @@ class Arm:
     """Median grace window the syncer allowed."""
     steps_per_s: dict[str, float] = field(default_factory=dict)
     up_bytes_per_param: float = 0.0
-    """Bytes a learner published per parameter per round (its payloads ÷ rounds ÷ parameters)."""
+    """Bytes a learner published per parameter per H steps it trained."""
     down_bytes_per_param: float = 0.0
-    """Bytes a learner fetched per parameter per round."""
+    """Bytes a learner fetched per parameter per H steps it trained."""
     curve: list[tuple[int, float]] = field(default_factory=list)
     """(step, training loss) points for the plot."""
 
@@ -170,7 +170,8 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
     syncer_bytes = sum(r.params.size_bytes + r.outer_state.size_bytes for r in records)
     syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
     learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
-    per_learner_round = len(sleeps) * newest * sum(p.numel for p in spec.parameters.values())
+    # per learner per H steps it trained (a round of data-parallel's comparison), whatever the rounds committed
+    per_learner_round = len(sleeps) * (steps / SYNC_EVERY) * sum(p.numel for p in spec.parameters.values())
     by_step: dict[int, list[float]] = {}
     for points in progress:
         for step, loss in points:
