@@ -16,6 +16,7 @@ def test_exported_names_stay_as_documented() -> None:
         [
             "Mailbox",
             "ObjectInfo",
+            "ForwardingMailbox",
             "MemoryMailbox",
             "FileMailbox",
             "S3Mailbox",
