@@ -42,7 +42,7 @@ import numpy as np
 
 from benchmarks.timing import best_against_copy, save_result
 from gradientmail.algorithms.merge import NORM_FLOOR, normalized, rda, rda_unscaled, weighted_mean
-from gradientmail.backends import Backend, Tensor, get_backend, numpy_backend
+from gradientmail.backends import Backend, Tensor, get_backend, kernels
 from gradientmail.errors import BackendUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads is not None:
-        numpy_backend.set_kernel_threads(args.threads)
-    threads = numpy_backend.kernel_threads()
+        kernels.set_kernel_threads(args.threads)
+    threads = kernels.kernel_threads()
     elements = int(args.mb * MB) // 4
     rows = np.empty((args.m, elements), np.float32)
     rng = np.random.default_rng(0)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.timing import best_against_copy, best_of, save_result
-from gradientmail.backends import numpy_backend
+from gradientmail.backends import kernels
 from gradientmail.backends.quantize import DEFAULT_BLOCK, FORMATS, Codec, dequantize, quantize
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads is not None:
-        numpy_backend.set_kernel_threads(args.threads)
-    threads = numpy_backend.kernel_threads()
+        kernels.set_kernel_threads(args.threads)
+    threads = kernels.kernel_threads()
     elements = int(args.mb * MB) // 4
     x = np.random.default_rng(0).standard_normal(elements, dtype=np.float32)
     codecs = [Codec(form, args.block) for form in FORMATS]  # type: ignore[arg-type]

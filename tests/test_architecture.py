@@ -2,6 +2,13 @@
 
 The layer table is written once here, as data, and checked against the doc's table, so the doc and
 this test cannot drift. Every module under ``gradientmail/`` must belong to a layer.
+
+Every import statement counts, wherever it stands: at module level, inside a function or method
+(a deferred import), or under ``if TYPE_CHECKING:``. A deferred import only postpones a circle to
+the first call, and a type-only one is still a dependency of the design, so neither may go up a
+layer or close a circle. Circles are found at any length (the strongly connected components of the
+module graph), not only between pairs. Imports by computed name (``importlib.import_module``) are
+not seen.
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 @dataclass(frozen=True)
 class Import:
-    """One import of a gradientmail module; ``at_import_time`` is false inside functions and TYPE_CHECKING blocks."""
+    """One import of a gradientmail module; ``at_import_time`` is false inside functions and TYPE_CHECKING
+    blocks (such an import still counts; the flag only tells the failure message where to look)."""
 
     source: str
     target: str
@@ -254,15 +262,37 @@ def test_imports_only_go_to_the_same_or_a_lower_layer() -> None:
     assert not upward, "imports that go up a layer (docs/architecture.md):\n" + "\n".join(sorted(upward))
 
 
-def test_no_import_cycles() -> None:
-    """Counts only imports that run when a module is imported: those are the ones that can deadlock or half-initialise."""
-    known = modules()
+def import_graph(known: dict[str, Path]) -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+    """Every module's imports as a graph (all of them: module level, inside functions, TYPE_CHECKING),
+    and the edges made only of deferred or type-only imports."""
     graph: dict[str, set[str]] = {name: set() for name in known}
+    eager: set[tuple[str, str]] = set()
     for found in imports(known):
+        graph[found.source].add(found.target)
         if found.at_import_time:
-            graph[found.source].add(found.target)
-    cycles = [
-        " -> ".join(_one_cycle(component, graph)) + f"  (cycle among {', '.join(component)})"
-        for component in strongly_connected(graph)
-    ]
+            eager.add((found.source, found.target))
+    deferred = {(source, target) for source, targets in graph.items() for target in targets} - eager
+    return graph, deferred
+
+
+def test_no_import_cycles() -> None:
+    """No circle of any length, counting imports inside functions and under TYPE_CHECKING too: a deferred
+    import is a circle that waits for its first call, and a type-only one still ties the layers together."""
+    known = modules()
+    graph, deferred = import_graph(known)
+    cycles = []
+    for component in strongly_connected(graph):
+        cycle = _one_cycle(component, graph)
+        steps = [f"{a} -> {b}" + (" (deferred)" if (a, b) in deferred else "") for a, b in zip(cycle, cycle[1:], strict=False)]
+        cycles.append("; ".join(steps) + f"  (cycle among {', '.join(component)})")
     assert not cycles, "import cycles among modules (docs/architecture.md):\n" + "\n".join(cycles)
+
+
+def test_the_cycle_check_sees_deferred_imports_and_long_cycles() -> None:
+    """The checker itself: a three-module circle closed by an import inside a function is found."""
+    tree = ast.parse("def f():\n    from gradientmail.c import x\nif TYPE_CHECKING:\n    import gradientmail.d\n")
+    found = _import_nodes(tree)
+    assert [at_import_time for _, at_import_time in found] == [False, False]
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert strongly_connected(graph) == [["a", "b", "c"]]
+    assert _one_cycle(["a", "b", "c"], graph) == ["a", "b", "c", "a"]

@@ -20,8 +20,8 @@ import torch
 
 import gradientmail as gm
 from gradientmail.algorithms.merge import MergedDelta, merge_tensors, merge_tensors_scaled, rda, weighted_mean
-from gradientmail.backends import get_backend, numpy_backend, payload
-from gradientmail.backends.base import KERNEL_CHUNK
+from gradientmail.backends import get_backend, kernels, payload
+from gradientmail.backends.kernels import KERNEL_CHUNK
 from gradientmail.syncer.rounds import Accepted, merge_round, outer_step
 from tests.backend_params import BACKENDS, tensor, values
 
@@ -37,9 +37,9 @@ def backend(request):
 @pytest.fixture
 def threads():
     """Restore the kernel thread count after a test that changes it."""
-    previous = numpy_backend.kernel_threads()
-    yield numpy_backend.set_kernel_threads
-    numpy_backend.set_kernel_threads(previous)
+    previous = kernels.kernel_threads()
+    yield kernels.set_kernel_threads
+    kernels.set_kernel_threads(previous)
 
 
 def _raw(count: int, size: int, seed: int = 0) -> list[np.ndarray]:
@@ -331,9 +331,9 @@ def test_kernels_work_in_a_forked_child(threads):
 
     threads(2)
     raw = _raw(1, 3 * C, seed=21)[0]
-    expected = numpy_backend.finite_norm_array(raw)  # the parent's pool exists now
+    expected = kernels.finite_norm_array(raw)  # the parent's pool exists now
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child reports through its exit status
-        os._exit(0 if numpy_backend.finite_norm_array(raw) == expected else 1)
+        os._exit(0 if kernels.finite_norm_array(raw) == expected else 1)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0

@@ -16,8 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from gradientmail.backends import numpy_backend
-from gradientmail.backends.base import KERNEL_CHUNK
+from gradientmail.backends import kernels
+from gradientmail.backends.kernels import KERNEL_CHUNK
 from gradientmail.backends.quantize import (
     DEFAULT_BLOCK,
     FORMATS,
@@ -38,9 +38,9 @@ SHAPES = [(33, 40), (3, 5, 129), (2, 1, 128), (4, C // 4 + 3)]
 @pytest.fixture
 def threads():
     """Restore the kernel thread count after a test that changes it."""
-    previous = numpy_backend.kernel_threads()
-    yield numpy_backend.set_kernel_threads
-    numpy_backend.set_kernel_threads(previous)
+    previous = kernels.kernel_threads()
+    yield kernels.set_kernel_threads
+    kernels.set_kernel_threads(previous)
 
 
 def gaussian(size: int, seed: int = 0) -> np.ndarray:

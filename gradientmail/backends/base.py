@@ -18,10 +18,11 @@ and the fragment once more for the outer step. The kernels below do each in one 
   with the merge's final scale ``s`` folded in.
 
 Determinism: element-wise results do not depend on how the work is split. Reductions are
-taken over fixed blocks of :data:`KERNEL_CHUNK` elements (boundaries independent of the
-thread count), each block reduced by one thread, and the per-block fp64 partial sums added
-in block order, so the same inputs give the same bytes however many threads run. The
-generic implementations here compose the unfused operations; backends override them.
+taken over fixed blocks of :data:`~gradientmail.backends.kernels.KERNEL_CHUNK` elements
+(boundaries independent of the thread count), each block reduced by one thread, and the
+per-block fp64 partial sums added in block order, so the same inputs give the same bytes
+however many threads run. The generic implementations here compose the unfused operations;
+backends override them (the NumPy and PyTorch ones with :mod:`gradientmail.backends.kernels`).
 """
 
 from __future__ import annotations
@@ -33,14 +34,10 @@ from typing import Any
 import numpy as np
 
 from gradientmail.backends import payload
+from gradientmail.backends.kernels import isotropic_exact_array, isotropic_fast_array
 
 Tensor = Any
 """A framework tensor: ``torch.Tensor``, ``mlx.core.array`` or ``numpy.ndarray``."""
-
-KERNEL_CHUNK = 1 << 18
-"""Elements per block of the fused kernels (1 MiB of fp32): fixed, so reductions summed per
-block in block order give the same bytes on any thread count. Big enough that per-call
-overhead vanishes, small enough that a block's fp32 scratch stays in L2/L3."""
 
 
 class Backend(ABC):
@@ -158,8 +155,6 @@ class Backend(ABC):
 
         The generic form goes through NumPy (the reference); backends override it.
         """
-        from gradientmail.backends.numpy_backend import isotropic_exact_array
-
         direction, factor = isotropic_exact_array(self.to_numpy(self.to_fp32(tensor)))
         return self.from_numpy(direction), factor
 
@@ -167,9 +162,7 @@ class Backend(ABC):
         """Fast Iso-C: ``(O, s)`` with ``O ≈ U·Vᵀ`` from ``ns_steps`` quintic and ``polish_steps``
         cubic Newton–Schulz steps in fp32, and ``s`` the mean-singular-value estimate ``scale``
         names (``"mean"``: ⟨O, Δ⟩/‖O‖²; ``"rms"``: ‖Δ‖_F/√min(m, n)). See
-        :func:`gradientmail.backends.numpy_backend.isotropic_fast_array`."""
-        from gradientmail.backends.numpy_backend import isotropic_fast_array
-
+        :func:`gradientmail.backends.kernels.isotropic_fast_array`."""
         ortho, factor = isotropic_fast_array(
             self.to_numpy(self.to_fp32(tensor)), ns_steps=ns_steps, polish_steps=polish_steps, scale=scale
         )

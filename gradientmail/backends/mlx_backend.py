@@ -18,7 +18,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from gradientmail.backends.base import Backend, Tensor
-from gradientmail.backends.numpy_backend import CUBIC, QUINTIC, as_matrix
+from gradientmail.backends.kernels import CUBIC, QUINTIC, as_matrix
 from gradientmail.backends.payload import dtype_name_of
 
 _MLX_DTYPES: dict[str, mx.Dtype] = {

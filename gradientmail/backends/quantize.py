@@ -16,7 +16,7 @@ int2      four per uint8     2       −1.5, −0.5, 0.5, 1.5 (crumb = code)   1
 
 Everything is NumPy on host arrays in a fixed order of operations, so every backend and
 every machine produces the same bytes (a replay can re-derive them). Large tensors are cut
-into :data:`~gradientmail.backends.base.KERNEL_CHUNK` runs (whole blocks) shared by the
+into :data:`~gradientmail.backends.kernels.KERNEL_CHUNK` runs (whole blocks) shared by the
 kernel thread pool; results never depend on the thread count. Within a run the kernels make
 in-place passes over the thread's scratch blocks: block maxima on the fp32 bits (one
 ``reduceat``), integer codes packed with shifts on wider views, fp8 codes rounded to nearest
@@ -34,8 +34,7 @@ from typing import Literal, get_args
 import ml_dtypes
 import numpy as np
 
-from gradientmail.backends.base import KERNEL_CHUNK
-from gradientmail.backends.numpy_backend import Scratch, run_blocks
+from gradientmail.backends.kernels import KERNEL_CHUNK, Scratch, run_blocks
 
 __all__ = [
     "DEFAULT_BLOCK",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gradientmail.backends.base import Backend, Tensor
-from gradientmail.backends.numpy_backend import (
+from gradientmail.backends.kernels import (
     CUBIC,
     QUINTIC,
     as_matrix,
