@@ -7,10 +7,11 @@ conformance suite; nothing above this layer knows which store it talks to.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ForwardingMailbox", "HashingGet", "Mailbox", "ObjectInfo"]
+__all__ = ["ForwardingMailbox", "HashingGet", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,39 @@ class HashingGet(Protocol):
         ...
 
 
+OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256",)
+"""The operations some stores offer beyond :class:`Mailbox`, each with a protocol of its own that
+callers probe with ``isinstance`` (``get_sha256``: :class:`HashingGet`). :class:`ForwardingMailbox`
+forwards every one its inner store has, so a wrapper never silently loses a capability; a store
+that grows a new one adds it here (``tests/test_forwarding_mailbox.py`` checks every store)."""
+
+
 class ForwardingMailbox:
     """A mailbox that passes every operation to ``inner``: subclass it and override the one or two
-    operations to meter, delay or fail (the way transports wrap transports in httpx)."""
+    operations to meter, delay or fail (the way transports wrap transports in httpx).
+
+    The optional capabilities (:data:`OPTIONAL_CAPABILITIES`) are forwarded too, and are present
+    exactly when ``inner`` has them (``isinstance(wrapper, HashingGet)`` answers as for ``inner``).
+    They are set on the instance, because Python 3.12 checks protocols with ``getattr_static``,
+    which sees instance attributes but not ``__getattr__``. A subclass that defines one itself keeps
+    its own. A subclass that overrides ``get`` has hashed reads go through its ``get`` and hashed
+    afterwards, so its metering or faults see every read; override ``get_sha256`` as well to keep
+    hashing while the bytes arrive.
+    """
 
     def __init__(self, inner: Mailbox) -> None:
         self.inner = inner
+        forwarders = {"get_sha256": self._forward_get_sha256}
+        for name in OPTIONAL_CAPABILITIES:
+            if hasattr(inner, name) and not hasattr(type(self), name):
+                setattr(self, name, forwarders[name])
+
+    def _forward_get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        inner = self.inner
+        if type(self).get is not ForwardingMailbox.get or not isinstance(inner, HashingGet):
+            data = self.get(key, max_bytes=max_bytes)
+            return data, hashlib.sha256(data).hexdigest()
+        return inner.get_sha256(key, max_bytes=max_bytes)
 
     @property
     def url(self) -> str:
