@@ -12,7 +12,7 @@ from gradientmail.algorithms.diloco import weight
 from gradientmail.backends import get_backend, payload
 from gradientmail.records import Contribution, keys
 from gradientmail.session.join import RunProposal, join_run
-from gradientmail.store import ContributionCounts, LeaseObserver, LeaseRead, RunStore
+from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, LeaseRead, RunStore
 from gradientmail.syncer import Election, GraceEstimator, SyncerRuntime, replay_round
 from tests.fake_clock import FakeClock
 
@@ -60,16 +60,55 @@ def test_lease_observer_needs_a_full_ttl_of_its_own_time():
     def seen(token: str, which=lease) -> LeaseRead:
         return LeaseRead(which, token)
 
-    assert not observer.expired("k", seen("t1"))
+    x, y = LeaseName.of_learner("x"), LeaseName.of_learner("y")
+    assert not observer.expired(x, seen("t1"))
     clock.now = 4.9
-    assert not observer.expired("k", seen("t1"))
-    assert not observer.expired("k", seen("t2"))  # renewed: the count starts again
+    assert not observer.expired(x, seen("t1"))
+    assert not observer.expired(x, seen("t2"))  # renewed: the count starts again
     clock.now = 9.8
-    assert not observer.expired("k", seen("t2"))
+    assert not observer.expired(x, seen("t2"))
     clock.now = 9.9
-    assert observer.expired("k", seen("t2"))
-    assert observer.expired("k2", seen("t9", lease.model_copy(update={"released": True})))
-    assert observer.expired("k3", LeaseRead(None, "t0", "not JSON"))
+    assert observer.expired(x, seen("t2"))
+    assert observer.expired(y, seen("t9", lease.model_copy(update={"released": True})))
+    assert observer.expired(LeaseName.SYNCER, LeaseRead(None, "t0", "not JSON"))
+
+
+def test_a_lease_named_by_what_it_is_and_by_its_key_is_one_sighting():
+    """The typed names and the raw keys (the form callers used before) file a lease in one place,
+    so callers can move from one to the other without restarting any count."""
+    clock = FakeClock()
+    observer = LeaseObserver(5.0, clock)
+    lease = gm.records.Lease(kind="learner", holder="x", ttl_s=5.0)
+    assert not observer.expired(LeaseName.of_learner("x"), LeaseRead(lease, "t1"))
+    clock.now = 3.0
+    assert observer.unchanged_for("leases/learners/x.json") == observer.unchanged_for(LeaseName.of_learner("x")) == 3.0
+    assert observer.age(LeaseName.SYNCER) is None and observer.unchanged_for(LeaseName.SYNCER) == 0.0
+    with pytest.raises(gm.InvalidKey):
+        LeaseName.of_learner("../x")
+
+
+def test_the_store_reads_and_writes_leases_by_what_they_are():
+    """The typed lease API of RunStore: the syncer lease and each learner's, no key in sight."""
+    store = RunStore(gm.MemoryMailbox())
+    assert store.read_syncer_lease() is None and store.learners_with_leases() == []
+    syncer = gm.records.Lease(kind="syncer", holder="n1", term=1, sequence=1, ttl_s=5.0)
+    token = store.create_syncer_lease(syncer)
+    with pytest.raises(gm.RecordExists):
+        store.create_syncer_lease(syncer)
+    found = store.read_syncer_lease()
+    assert found is not None and found.lease == syncer and found.token == token
+    renewed = syncer.model_copy(update={"sequence": 2})
+    assert store.swap_syncer_lease(renewed, token) != token
+    with pytest.raises(gm.VersionConflict):
+        store.swap_syncer_lease(renewed, token)
+    for learner in ("b", "a"):
+        store.put_learner_lease(gm.records.Lease(kind="learner", holder=learner, sequence=1, ttl_s=5.0))
+    assert store.learners_with_leases() == ["a", "b"]
+    found = store.read_learner_lease("a")
+    assert found is not None and found.lease is not None and found.lease.holder == "a"
+    assert store.read_learner_lease("c") is None
+    with pytest.raises(ValueError, match="learner lease"):
+        store.put_learner_lease(syncer)
 
 
 def test_reported_step_times_are_clamped_before_the_grace_window():

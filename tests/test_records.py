@@ -138,3 +138,10 @@ def test_key_layout_sorts_numerically_and_parses_back():
     assert keys.params_blob(0, 1, "x" * 64, "0123456789ab").endswith(".0123456789ab.safetensors")
     with pytest.raises(gm.InvalidKey):
         keys.params_blob(0, 1, "w1", "../x")
+
+
+def test_a_learner_lease_key_parses_back_to_its_learner():
+    """The store lists learners' leases by id: only a learner's own lease key parses, to that id."""
+    assert keys.parse_learner_lease(keys.learner_lease("l0.a-b_c")) == "l0.a-b_c"
+    for other in ("leases/syncer.json", "leases/learners/a/b.json", "leases/learners/.x.json", "leases/learners/a.txt"):
+        assert keys.parse_learner_lease(other) is None

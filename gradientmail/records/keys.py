@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 from gradientmail.errors import InvalidKey
-from gradientmail.records.ids import check_learner_id
+from gradientmail.records.ids import LEARNER_ID, check_learner_id
 
 MANIFEST = "manifest.json"
 SYNCER_LEASE = "leases/syncer.json"
@@ -30,6 +30,7 @@ FRAGMENTS = "fragments/"
 _ROUND = re.compile(r"^fragments/(\d{4})/rounds/(\d{10})\.json$")
 _VERSION_BLOB = re.compile(r"^fragments/(\d{4})/versions/(\d{10})/[^/]+$")
 _CONTRIBUTION = re.compile(r"^fragments/(\d{4})/contributions/(\d{10})/([^/]+)-(\d{10})\.json$")
+_LEARNER_LEASE = re.compile(r"^leases/learners/([^/]+)\.json$")
 
 
 def fragment_root(fragment: int) -> str:
@@ -139,3 +140,12 @@ def parse_contribution_record(key: str) -> ContributionKey | None:
     if not match:
         return None
     return ContributionKey(int(match[1]), int(match[2]), match[3], int(match[4]))
+
+
+def parse_learner_lease(key: str) -> str | None:
+    """The learner whose own lease ``key`` is (the inverse of :func:`learner_lease`), or None
+    for any other key, a learner id that is not valid included."""
+    match = _LEARNER_LEASE.match(key)
+    if not match or not LEARNER_ID.match(match[1]):
+        return None
+    return match[1]

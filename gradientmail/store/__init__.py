@@ -1,6 +1,6 @@
 """The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
-from gradientmail.store.leases import LearnerLease, LeaseObserver, live_learners
+from gradientmail.store.leases import LearnerLease, LeaseName, LeaseObserver, live_learners
 from gradientmail.store.retention import Retention
 from gradientmail.store.run_store import (
     Arrays,
@@ -26,6 +26,7 @@ __all__ = [
     "TensorShape",
     "check_tensors",
     "sha256_hex",
+    "LeaseName",
     "LeaseObserver",
     "LearnerLease",
     "live_learners",

@@ -13,13 +13,45 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
-from gradientmail.records import Lease, keys
+from gradientmail.records import Lease, check_learner_id, keys
 from gradientmail.store.run_store import LeaseRead, RunStore
 
-__all__ = ["Clock", "LeaseObserver", "LearnerLease", "live_learners"]
+__all__ = ["Clock", "LeaseName", "LeaseObserver", "LearnerLease", "live_learners"]
 
 Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class LeaseName:
+    """Which lease an observer judges, named by what it is instead of by its key: the run's syncer
+    lease (:attr:`SYNCER`) or one learner's own (:meth:`of_learner`). The roles name leases this
+    way; only the store turns a name into a key."""
+
+    learner: str | None = None
+    """The learner whose own lease it is; None for the syncer lease."""
+
+    SYNCER: ClassVar[LeaseName]
+
+    @classmethod
+    def of_learner(cls, learner: str) -> LeaseName:
+        """A learner's own lease; ``InvalidKey`` for an id that is not a valid learner id."""
+        return cls(check_learner_id(learner))
+
+    @property
+    def key(self) -> str:
+        """The lease's key in the mailbox (for the store layer)."""
+        return keys.SYNCER_LEASE if self.learner is None else keys.learner_lease(self.learner)
+
+
+LeaseName.SYNCER = LeaseName()
+
+
+def _slot(name: LeaseName | str) -> str:
+    """Where the observer files a lease: its key. A plain ``str`` is taken as the key itself, the form
+    callers used before :class:`LeaseName`; both forms of one lease share one sighting."""
+    return name if isinstance(name, str) else name.key
 
 
 @dataclass
@@ -36,36 +68,40 @@ class LeaseObserver:
         self._clock = clock
         self._sightings: dict[str, _Sighting] = {}
 
-    def expired(self, key: str, found: LeaseRead) -> bool:
-        """Whether the lease at ``key`` is dead: released, unreadable, or unchanged for a TTL."""
+    def expired(self, name: LeaseName | str, found: LeaseRead) -> bool:
+        """Whether the lease ``name`` is dead: released, unreadable, or unchanged for a TTL."""
         if found.lease is None:
             return True
+        slot = _slot(name)
         now = self._clock()
-        sighting = self._sightings.get(key)
+        sighting = self._sightings.get(slot)
         if sighting is None or sighting.token != found.token:
-            self._sightings[key] = _Sighting(found.token, now)
+            self._sightings[slot] = _Sighting(found.token, now)
             return found.lease.released
         return found.lease.released or now - sighting.first_seen >= self.ttl_s
 
-    def unchanged_for(self, key: str) -> float:
-        sighting = self._sightings.get(key)
+    def unchanged_for(self, name: LeaseName | str) -> float:
+        """Seconds the lease ``name`` has shown the same token, on this clock; 0 if never seen."""
+        sighting = self._sightings.get(_slot(name))
         return 0.0 if sighting is None else self._clock() - sighting.first_seen
 
-    def age(self, key: str) -> float | None:
-        """Seconds since the lease at ``key`` was last seen to change; None if never seen (read-only)."""
-        sighting = self._sightings.get(key)
+    def age(self, name: LeaseName | str) -> float | None:
+        """Seconds since the lease ``name`` was last seen to change; None if never seen (read-only)."""
+        sighting = self._sightings.get(_slot(name))
         return None if sighting is None else self._clock() - sighting.first_seen
 
 
 def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
-    """Learners whose lease has not expired in ``observer``'s judgement."""
+    """Learners whose lease has not expired in ``observer``'s judgement (a lease counts only at its
+    own holder's key)."""
     live: dict[str, Lease] = {}
-    for key in store.learner_lease_keys():
-        found = store.read_lease(key, need_token=False)
+    for learner in store.learners_with_leases():
+        found = store.read_learner_lease(learner, need_token=False)
         if found is None or found.lease is None:
             continue
         lease = found.lease
-        if lease.kind == "learner" and key == keys.learner_lease(lease.holder) and not observer.expired(key, found):
+        name = LeaseName.of_learner(learner)
+        if lease.kind == "learner" and lease.holder == learner and not observer.expired(name, found):
             live[lease.holder] = lease
     return live
 
@@ -75,8 +111,7 @@ class LearnerLease:
 
     def __init__(self, store: RunStore, learner: str, ttl_s: float) -> None:
         self._store = store
-        self._key = keys.learner_lease(learner)
-        self._learner = learner
+        self._learner = check_learner_id(learner)
         self._ttl_s = ttl_s
         self._sequence = 0
 
@@ -91,4 +126,4 @@ class LearnerLease:
         lease = Lease(
             kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
         )
-        self._store.put_lease(self._key, lease)
+        self._store.put_learner_lease(lease)

@@ -509,6 +509,43 @@ class RunStore:
         """Replace a lease by compare-and-swap; raises ``VersionConflict`` or ``KeyNotFound``."""
         return self._mailbox.swap(key, self._encode(key, lease), expected_token)
 
+    # The typed lease API: the roles (session, syncer) name a lease by what it is, never by its
+    # key, so the key layout stays in records.keys and this store (docs/architecture.md). The
+    # key-taking forms above remain for the entry points and tools (CLI, audit, benchmarks).
+
+    def read_syncer_lease(self, *, need_token: bool = True) -> LeaseRead | None:
+        """The run's syncer lease as :meth:`read_lease` finds it; None while nobody holds it."""
+        return self.read_lease(keys.SYNCER_LEASE, need_token=need_token)
+
+    def read_learner_lease(self, learner: str, *, need_token: bool = True) -> LeaseRead | None:
+        """One learner's own lease as :meth:`read_lease` finds it; None if it has none.
+        ``InvalidKey`` for an id that is not a valid learner id."""
+        return self.read_lease(keys.learner_lease(learner), need_token=need_token)
+
+    def learners_with_leases(self) -> list[str]:
+        """The learners that have a lease in the mailbox, live or not (one LIST), sorted; objects
+        under the learners' lease prefix that are not a learner's lease key are skipped."""
+        found = (keys.parse_learner_lease(key) for key in self.learner_lease_keys())
+        return [learner for learner in found if learner is not None]
+
+    def put_learner_lease(self, lease: Lease) -> str:
+        """Write a learner's own lease (kind ``learner``) at its holder's key with a plain put
+        (its id is its own; a restart takes it over); returns its token. ``ValueError`` for a
+        lease of another kind."""
+        if lease.kind != "learner":
+            raise ValueError(f"put_learner_lease needs a learner lease, got kind {lease.kind!r}")
+        return self.put_lease(keys.learner_lease(lease.holder), lease)
+
+    def create_syncer_lease(self, lease: Lease) -> str:
+        """Create the syncer lease once (the first election); raises ``RecordExists`` when
+        another node holds it already."""
+        return self.create_lease(keys.SYNCER_LEASE, lease)
+
+    def swap_syncer_lease(self, lease: Lease, expected_token: str) -> str:
+        """Replace the syncer lease by compare-and-swap (renew, take over, release); raises
+        ``VersionConflict`` (someone else wrote it) or ``KeyNotFound`` (it was deleted)."""
+        return self.swap_lease(keys.SYNCER_LEASE, lease, expected_token)
+
     # -- retention -----------------------------------------------------------------
     def version_blobs(self, fragment: int) -> dict[int, list[str]]:
         """Every blob under the fragment's ``versions/``, by version (one LIST)."""

@@ -27,9 +27,9 @@ import logging
 import time
 
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
-from gradientmail.records import Lease, keys
+from gradientmail.records import Lease
 from gradientmail.store import RunStore
-from gradientmail.store.leases import Clock, LeaseObserver
+from gradientmail.store.leases import Clock, LeaseName, LeaseObserver
 
 __all__ = ["Election"]
 
@@ -67,7 +67,7 @@ class Election:
         change; None before it has read the lease."""
         if self._token is not None:
             return self._clock() - self._renewed_at
-        return self._observer.age(keys.SYNCER_LEASE)
+        return self._observer.age(LeaseName.SYNCER)
 
     def holds_for(self, seconds: float) -> bool:
         """Whether this node holds the lease and will for at least ``seconds`` more, even if no
@@ -83,7 +83,7 @@ class Election:
             if self._clock() - self._renewed_at >= self.ttl_s / 3:
                 self._renew()
             return self.is_leader
-        found = self._store.read_lease(keys.SYNCER_LEASE)
+        found = self._store.read_syncer_lease()
         if found is None:
             self._create()
             return self.is_leader
@@ -98,7 +98,7 @@ class Election:
         if lease.holder == self.node_id and not lease.released:
             # our own lease from an earlier incarnation: take it back with a new term
             self._swap(token, lease.term + 1, takeover=False)
-        elif self._observer.expired(keys.SYNCER_LEASE, found):
+        elif self._observer.expired(LeaseName.SYNCER, found):
             if not lease.released and token != self._expired_token:
                 self._expired_token = token
                 self.leases_expired += 1
@@ -111,7 +111,7 @@ class Election:
             return
         lease = self._lease(self.term, released=True)
         with contextlib.suppress(VersionConflict, KeyNotFound):  # deposed already: nothing to release
-            self._store.swap_lease(keys.SYNCER_LEASE, lease, self._token)
+            self._store.swap_syncer_lease(lease, self._token)
         self._token = None
 
     def _lease(self, term: int, released: bool = False) -> Lease:
@@ -120,14 +120,14 @@ class Election:
 
     def _create(self) -> None:
         try:
-            self._token = self._store.create_lease(keys.SYNCER_LEASE, self._lease(1))
+            self._token = self._store.create_syncer_lease(self._lease(1))
         except RecordExists:
             return
         self._won(1, takeover=False)
 
     def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
         try:
-            self._token = self._store.swap_lease(keys.SYNCER_LEASE, self._lease(term), expected)
+            self._token = self._store.swap_syncer_lease(self._lease(term), expected)
         except (VersionConflict, KeyNotFound):
             return
         self._won(term, takeover=takeover)
@@ -136,7 +136,7 @@ class Election:
         if self._token is None:
             return
         try:
-            self._token = self._store.swap_lease(keys.SYNCER_LEASE, self._lease(self.term), self._token)
+            self._token = self._store.swap_syncer_lease(self._lease(self.term), self._token)
             self._renewed_at = self._clock()
         except (VersionConflict, KeyNotFound):
             log.warning("node %s lost the syncer lease (term %d)", self.node_id, self.term)
