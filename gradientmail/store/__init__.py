@@ -1,7 +1,7 @@
 """The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
 from gradientmail.store.leases import LearnerLease, LeaseObserver, live_learners
-from gradientmail.store.retention import Retention
+from gradientmail.store.retention import Retention, RetentionSweep
 from gradientmail.store.run_store import (
     Arrays,
     CommittedVersion,
@@ -9,6 +9,7 @@ from gradientmail.store.run_store import (
     LeaseRead,
     RunStore,
     StoredRound,
+    VersionDraft,
     check_tensors,
     sha256_hex,
 )
@@ -20,10 +21,12 @@ __all__ = [
     "ContributionCounts",
     "LeaseRead",
     "Retention",
+    "RetentionSweep",
     "StoredRound",
     "RunSpec",
     "RunStore",
     "TensorShape",
+    "VersionDraft",
     "check_tensors",
     "sha256_hex",
     "LeaseObserver",

@@ -2,7 +2,8 @@
 
 Without retention every version's parameters and outer state stay forever (a long run of a
 large model fills a bucket: 300 rounds of a 1.75 MB model left 1 GB). The syncer applies
-this rule after each commit; docs/operations.md sizes it.
+this rule after each commit through a :class:`RetentionSweep` (the rule's execution: which
+keys go, built by the store from ``records/keys.py``); docs/operations.md sizes it.
 
 * the newest ``keep_versions`` versions (records and blobs): learners and a new syncer load
   the newest, audit replays the window;
@@ -17,11 +18,18 @@ two commits old: the grace that lets an attempt in flight finish or clean up aft
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pydantic import Field, model_validator
 
 from gradientmail.algorithms.config_base import FrozenConfig
+from gradientmail.errors import InvalidRecord, KeyNotFound
+from gradientmail.records import RoundRecord, keys
 
-__all__ = ["ORPHAN_GRACE_VERSIONS", "Retention"]
+if TYPE_CHECKING:  # run_store imports spec, which imports this module
+    from gradientmail.store.run_store import RunStore
+
+__all__ = ["ORPHAN_GRACE_VERSIONS", "Retention", "RetentionSweep", "referenced_blobs"]
 
 ORPHAN_GRACE_VERSIONS = 2
 """Commits after which an unreferenced blob of a kept version is collected."""
@@ -55,3 +63,62 @@ class Retention(FrozenConfig):
     def oldest_audited_base(self, newest: int) -> int:
         """Contributions based on versions older than this belong to no round still audited."""
         return max(0, newest - self.audit_rounds)
+
+    def oldest_kept_base(self, newest: int, max_staleness: int) -> int:
+        """Contributions based on versions older than this are deleted: no audited round lists
+        them, and none can still be merged late (``max_staleness``) into one."""
+        return max(0, self.oldest_audited_base(newest) - max_staleness)
+
+
+def referenced_blobs(record: RoundRecord) -> frozenset[str]:
+    """The blobs a round record references (retention keeps them while it keeps the version)."""
+    return frozenset(ref.key for ref in (record.params, record.outer_state, record.update) if ref is not None)
+
+
+class RetentionSweep:
+    """Deletes what a run's :class:`Retention` no longer keeps, one fragment after each commit.
+
+    It remembers the blobs each version's record references (told by :meth:`committed`, else
+    read once), so that the orphan check costs no request per kept version and sweep.
+    """
+
+    def __init__(self, store: RunStore, retention: Retention, max_staleness: int) -> None:
+        self._store = store
+        self._retention = retention
+        self._max_staleness = max_staleness
+        self._blobs_of: dict[tuple[int, int], frozenset[str]] = {}
+        """(fragment, version) → the blob keys its record references (the orphan check)."""
+
+    def committed(self, record: RoundRecord) -> None:
+        """Remember the blobs of a record this node just committed (never read back)."""
+        self._blobs_of[(record.fragment, record.version)] = referenced_blobs(record)
+
+    def apply(self, fragment: int, newest: int) -> None:
+        """Delete the versions, orphan blobs and contributions the policy gives up once
+        ``newest`` is committed (three LISTs, a GET per kept record not yet known, the deletes)."""
+        store, retention = self._store, self._retention
+        blobs = store.version_blobs(fragment)
+        records = set(store.committed_versions(fragment))
+        kept = retention.kept_versions(records | set(blobs), newest)
+        doomed = [keys.round_record(fragment, v) for v in records - kept]
+        for version, found in blobs.items():
+            if version not in kept:
+                doomed.extend(found)
+            elif version <= newest - ORPHAN_GRACE_VERSIONS and version in records:
+                referenced = self._referenced(fragment, version)
+                doomed.extend(k for k in found if referenced is not None and k not in referenced)
+        doomed.extend(store.contribution_objects_below(fragment, retention.oldest_kept_base(newest, self._max_staleness)))
+        if doomed:
+            store.delete_keys(doomed)
+        for key in [k for k in self._blobs_of if k[0] == fragment and k[1] not in kept]:
+            del self._blobs_of[key]
+
+    def _referenced(self, fragment: int, version: int) -> frozenset[str] | None:
+        cached = self._blobs_of.get((fragment, version))
+        if cached is None:
+            try:
+                record = self._store.read_round(fragment, version)
+            except (KeyNotFound, InvalidRecord):
+                return None  # not ours to judge: leave its blobs alone
+            cached = self._blobs_of[(fragment, version)] = referenced_blobs(record)
+        return cached

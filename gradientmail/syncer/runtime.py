@@ -46,8 +46,7 @@ from gradientmail.backends import Backend, Tensor
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
-from gradientmail.store import LeaseObserver, RunSpec, RunStore, live_learners
-from gradientmail.store.retention import ORPHAN_GRACE_VERSIONS
+from gradientmail.store import LeaseObserver, RetentionSweep, RunSpec, RunStore, VersionDraft, live_learners
 from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
@@ -152,8 +151,8 @@ class SyncerRuntime:
         self._grace = [GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments]
         self._history = [ContributionHistory() for _ in spec.fragments]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
-        self._blobs_of: dict[tuple[int, int], frozenset[str]] = {}
-        """(fragment, version) → the blob keys its record references (retention's orphan check)."""
+        """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
+        self._retention = RetentionSweep(store, spec.retention, algorithm.max_staleness)
         self._loop = PollingLoop(f"gm-syncer-{node_id}", self._rounds_pass, poll_interval_s)
         self._poll_interval_s = poll_interval_s
         self._idle_interval_s = idle_interval(poll_interval_s, ttl_s, idle_interval_s)
@@ -503,14 +502,12 @@ class SyncerRuntime:
         if not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
         quorum_wait = (current.quorum_at or started) - (current.first_seen_at or started)
-        stored = self.store.commit_version(
+        draft = VersionDraft(
             fragment,
             view.version + 1,
             {name: self.backend.to_numpy(tensor) for name, tensor in params.items()},
             {name: self.backend.to_numpy(tensor) for name, tensor in state.to_tensors().items()},
-            algorithm=self.spec.algorithm,
-            committed_by=self.node_id,
-            term=self.election.term,
+            self.spec.algorithm,
             base_version=view.version,
             participants=participants,
             rejected=tuple(current.rejected),
@@ -526,6 +523,7 @@ class SyncerRuntime:
             backend=self.backend.name,
             update=(codec, update) if codec is not None and update is not None else None,
         )
+        stored = self.store.commit_version(draft, committed_by=self.node_id, term=self.election.term)
         committed_at = self._clock()
         if stored is None:
             self.lost_races += 1
@@ -551,7 +549,7 @@ class SyncerRuntime:
         self._referenced[(fragment, record.version)] = frozenset(
             [p.contribution for p in participants] + [r.contribution for r in current.rejected]
         )
-        self._blobs_of[(fragment, record.version)] = _blob_keys(record)
+        self._retention.committed(record)
         for rejection in current.rejected:
             stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
             if stale is not None:
@@ -617,36 +615,12 @@ class SyncerRuntime:
         return None
 
     def _apply_retention(self, fragment: int, newest: int) -> None:
-        """Delete what the run's retention policy no longer keeps (see ``store/retention.py``)."""
-        retention = self.spec.retention
-        blobs = self.store.version_blobs(fragment)
-        records = set(self.store.committed_versions(fragment))
-        kept = retention.kept_versions(records | set(blobs), newest)
-        doomed = [keys.round_record(fragment, v) for v in records - kept]
-        for version, found in blobs.items():
-            if version not in kept:
-                doomed.extend(found)
-            elif version <= newest - ORPHAN_GRACE_VERSIONS and version in records:
-                referenced = self._referenced_blobs(fragment, version)
-                doomed.extend(k for k in found if referenced is not None and k not in referenced)
-        oldest_base = max(0, retention.oldest_audited_base(newest) - self.spec.algorithm.max_staleness)
-        doomed.extend(self.store.contribution_objects_below(fragment, oldest_base))
-        if doomed:
-            self.store.delete_keys(doomed)
-        for key in [k for k in self._blobs_of if k[0] == fragment and k[1] not in kept]:
-            del self._blobs_of[key]
+        """Delete what the run's retention policy no longer keeps (``store.retention.RetentionSweep``),
+        and forget the listings of rounds no contribution left can be checked against."""
+        self._retention.apply(fragment, newest)
+        oldest_base = self.spec.retention.oldest_kept_base(newest, self.spec.algorithm.max_staleness)
         for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
             del self._referenced[key]
-
-    def _referenced_blobs(self, fragment: int, version: int) -> frozenset[str] | None:
-        cached = self._blobs_of.get((fragment, version))
-        if cached is None:
-            try:
-                record = self.store.read_round(fragment, version)
-            except (KeyNotFound, InvalidRecord):
-                return None  # not ours to judge: leave its blobs alone
-            cached = self._blobs_of[(fragment, version)] = _blob_keys(record)
-        return cached
 
     def committed(self) -> dict[int, RoundRecord]:
         """The newest committed round record of each fragment, as this node tracks it while elected."""
@@ -662,8 +636,3 @@ class SyncerRuntime:
         for learner in previous.keys() - self.live.keys():
             if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
                 self.learner_leases_expired += 1
-
-
-def _blob_keys(record: RoundRecord) -> frozenset[str]:
-    """The blobs a round record references (retention keeps them while it keeps the version)."""
-    return frozenset(ref.key for ref in (record.params, record.outer_state, record.update) if ref is not None)
