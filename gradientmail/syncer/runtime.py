@@ -7,12 +7,15 @@ state, loaded from the mailbox alone when it takes over) and the round open on i
                listed; the next ``PREFETCH`` are fetched, hashed and decoded meanwhile
     quorum   → ``quorum_size`` accepted, or every live learner has one accepted
     grace    → wait the adaptive grace window for more reports (see ``grace.py``)
-    merge    → configured merge with weights samples²/steps (samples per step capped, see
-               ``bounds.py``), then the Nesterov outer step; a non-finite result is never
-               committed: the round is retried without its largest delta
-    commit   → blobs under attempt-unique keys, then create the round record once (naming the
-               previous record's digest), then move the head pointer
-    collect  → retention: what the run's policy no longer keeps is deleted
+    close    → ``rounds.close_round``, the rule replay shares (INV-4): weights samples²/steps
+               (samples per step capped, see ``bounds.py``), the configured merge, the outer
+               step; a non-finite result is never committed, the round is retried without
+               its largest delta
+    commit   → the draft becomes a ``VersionDraft``; ``RunStore.commit_version`` writes the
+               blobs under attempt-unique keys, creates the round record once (naming the
+               previous record's digest), then moves the head pointer
+    collect  → retention: ``store.retention.RetentionSweep`` deletes what the policy no
+               longer keeps
 
 A node that loses the create-once race drops its result and reloads; it never overwrites.
 The election runs on a thread of its own, so lease renewals never wait behind transfers.
@@ -41,27 +44,24 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gradientmail.algorithms.outer import OuterState
-from gradientmail.backends import Backend, Tensor
+from gradientmail.backends import Backend
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
-from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
-from gradientmail.store import LeaseObserver, RetentionSweep, RunSpec, RunStore, VersionDraft, live_learners
+from gradientmail.records import Lease, Rejection, RoundRecord, RoundTiming, keys
+from gradientmail.store import LeaseObserver, RetentionSweep, RunSpec, RunStore, StoredRound, VersionDraft, live_learners
 from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
 from gradientmail.syncer.rounds import (
+    AbandonedRound,
     Accepted,
     Base,
     Fetched,
-    all_finite,
-    capped_weights,
+    RoundDraft,
     check_fetched,
-    compact_update_step,
+    close_round,
     fetch_contribution,
     load_base,
-    merge_round,
-    outer_step,
 )
 from gradientmail.telemetry import hooks as telemetry
 
@@ -467,31 +467,21 @@ class SyncerRuntime:
         return cached
 
     def _close(self, fragment: int, view: FragmentView) -> None:
+        """Close the round with ``close_round`` and commit its draft, unless our view lags or
+        the lease may run out meanwhile (then the round stays open for whoever commits it)."""
         current = view.round
         started = self._clock()
         cap = self._history[fragment].samples_per_step_cap(
             (a.contribution.steps, a.contribution.samples) for a in current.accepted
         )
-        result = self._merge_finite(fragment, view, capped_weights(current.accepted, cap))
-        if result is None:
+        draft = close_round(self.backend, self.spec, view.base, current.accepted, cap, clock=self._clock)
+        for rejection in draft.non_finite:
+            current.accepted = [a for a in current.accepted if a.key.record != rejection.contribution]
+            current.rejected.append(rejection)
+            log.warning("fragment %d: a merge was not finite; retrying without %s", fragment, rejection.contribution)
+        if isinstance(draft, AbandonedRound):
+            current.quorum_at = None  # start the round over with whatever arrives next
             return
-        accepted, params, state, final, merged_at, stepped_at = result
-        params, state, update = compact_update_step(self.backend, self.spec, view.base, params, state)
-        codec = self.spec.algorithm.update_codec
-        participants = tuple(
-            Participant(
-                learner=a.contribution.learner,
-                contribution=a.key.record,
-                steps=a.contribution.steps,
-                samples=a.contribution.samples,
-                weight=a.weight,
-                carried_steps=a.contribution.carried_steps,
-                staleness=a.staleness,
-                realigned=a.contribution.realigned,
-                norm=a.norm,
-            )
-            for a in accepted
-        )
         head = self.store.read_head(fragment)
         if head is not None and head.version > view.version:  # our view lags (retention may hide the records between)
             log.info(
@@ -501,62 +491,76 @@ class SyncerRuntime:
             return
         if not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
-        quorum_wait = (current.quorum_at or started) - (current.first_seen_at or started)
-        draft = VersionDraft(
-            fragment,
-            view.version + 1,
-            {name: self.backend.to_numpy(tensor) for name, tensor in params.items()},
-            {name: self.backend.to_numpy(tensor) for name, tensor in state.to_tensors().items()},
-            self.spec.algorithm,
-            base_version=view.version,
-            participants=participants,
-            rejected=tuple(current.rejected),
-            final=final,
-            timing=RoundTiming(
-                quorum_wait_s=quorum_wait,
-                grace_s=current.grace_s,
-                sync_s=current.fetch_s + self._clock() - started,
-                arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
-            ),
-            previous=view.record_sha256 or None,
-            samples_per_step_cap=cap,
-            backend=self.backend.name,
-            update=(codec, update) if codec is not None and update is not None else None,
+        stored = self.store.commit_version(
+            self._version_draft(fragment, view, draft, started), committed_by=self.node_id, term=self.election.term
         )
-        stored = self.store.commit_version(draft, committed_by=self.node_id, term=self.election.term)
         committed_at = self._clock()
         if stored is None:
             self.lost_races += 1
             log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
             del self._views[fragment]
             return
+        self._committed(fragment, view, draft, stored, started, committed_at)
+
+    def _version_draft(self, fragment: int, view: FragmentView, draft: RoundDraft, started: float) -> VersionDraft:
+        """The round's draft as the store commits it: with the round's rejections and timings,
+        and the previous record's digest."""
+        current = view.round
+        codec = self.spec.algorithm.update_codec
+        return VersionDraft(
+            fragment,
+            view.version + 1,
+            {name: self.backend.to_numpy(tensor) for name, tensor in draft.params.items()},
+            {name: self.backend.to_numpy(tensor) for name, tensor in draft.state.to_tensors().items()},
+            self.spec.algorithm,
+            base_version=view.version,
+            participants=draft.participant_records(),
+            rejected=tuple(current.rejected),
+            final=draft.final,
+            timing=RoundTiming(
+                quorum_wait_s=(current.quorum_at or started) - (current.first_seen_at or started),
+                grace_s=current.grace_s,
+                sync_s=current.fetch_s + self._clock() - started,
+                arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
+            ),
+            previous=view.record_sha256 or None,
+            samples_per_step_cap=draft.samples_per_step_cap,
+            backend=self.backend.name,
+            update=(codec, draft.update) if codec is not None and draft.update is not None else None,
+        )
+
+    def _committed(
+        self, fragment: int, view: FragmentView, draft: RoundDraft, stored: StoredRound, started: float, committed_at: float
+    ) -> None:
+        """After our commit: learn from the round, drop the stale contributions it rejected,
+        open the next round, announce the commit, then apply retention."""
+        current = view.round
         record = stored.record
         log.info(
             "node %s committed fragment %d version %d (%d merged, %d rejected) quorum wait %.2fs grace %.2fs sync %.2fs",
             self.node_id,
             fragment,
             record.version,
-            len(participants),
+            len(record.participants),
             len(current.rejected),
             record.timing.quorum_wait_s,
             record.timing.grace_s,
             record.timing.sync_s,
         )
         self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
-        for a in accepted:
+        for a in draft.participants:
             self._history[fragment].record(a.contribution.steps, a.contribution.samples, a.norm)
         self.commits += 1
         self._referenced[(fragment, record.version)] = frozenset(
-            [p.contribution for p in participants] + [r.contribution for r in current.rejected]
+            [p.contribution for p in record.participants] + [r.contribution for r in current.rejected]
         )
         self._retention.committed(record)
         for rejection in current.rejected:
             stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
             if stale is not None:
                 self.store.delete_contribution(stale)
-        self._views[fragment] = FragmentView(
-            record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at), stored.sha256
-        )
+        next_round = OpenRound(record.version, opened_at=committed_at)
+        self._views[fragment] = FragmentView(record.version, record, Base(draft.params, draft.state), next_round, stored.sha256)
         self._activity = True
         if self._on_commit is not None:
             self._on_commit(fragment, record.version)
@@ -569,8 +573,8 @@ class SyncerRuntime:
                 first_seen_at=current.first_seen_at or started,
                 quorum_at=current.quorum_at or started,
                 closing_at=started,
-                merged_at=merged_at,
-                stepped_at=stepped_at,
+                merged_at=draft.merged_at,
+                stepped_at=draft.stepped_at,
                 committed_at=committed_at,
                 now=self._clock(),
                 grace_window_s=current.grace_s,
@@ -579,48 +583,10 @@ class SyncerRuntime:
                 fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
             ),
         )
-        self._apply_retention(fragment, record.version)
-
-    def _merge_finite(
-        self, fragment: int, view: FragmentView, accepted: list[Accepted]
-    ) -> tuple[list[Accepted], dict[str, Tensor], OuterState, bool, float, float] | None:
-        """Merge and step; while the result is not finite, drop the participant with the largest
-        delta and retry (recorded as ``non_finite``). None when nobody is left: the round starts
-        over without them."""
-        current = view.round
-        while accepted:
-            merged, final = merge_round(self.backend, self.spec, accepted)
-            merged_at = self._clock()
-            params, state = outer_step(self.backend, self.spec, view.base, merged, final)
-            stepped_at = self._clock()
-            if (
-                all_finite(self.backend, params)
-                and all_finite(self.backend, state.momentum)
-                and all_finite(self.backend, state.master)
-            ):
-                return accepted, params, state, final, merged_at, stepped_at
-            worst = max(accepted, key=lambda a: a.norm)
-            accepted = [a for a in accepted if a is not worst]
-            current.accepted = [a for a in current.accepted if a.key != worst.key]
-            current.rejected.append(
-                Rejection(
-                    learner=worst.key.learner,
-                    contribution=worst.key.record,
-                    reason="non_finite",
-                    detail=f"the merge with this delta (norm {worst.norm:.4g}) was not finite",
-                )
-            )
-            log.warning("fragment %d: a merge was not finite; retrying without %s", fragment, worst.key.record)
-        current.quorum_at = None  # start the round over with whatever arrives next
-        return None
-
-    def _apply_retention(self, fragment: int, newest: int) -> None:
-        """Delete what the run's retention policy no longer keeps (``store.retention.RetentionSweep``),
-        and forget the listings of rounds no contribution left can be checked against."""
-        self._retention.apply(fragment, newest)
-        oldest_base = self.spec.retention.oldest_kept_base(newest, self.spec.algorithm.max_staleness)
+        self._retention.apply(fragment, record.version)
+        oldest_base = self.spec.retention.oldest_kept_base(record.version, self.spec.algorithm.max_staleness)
         for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
-            del self._referenced[key]
+            del self._referenced[key]  # no contribution based below it is left to check
 
     def committed(self) -> dict[int, RoundRecord]:
         """The newest committed round record of each fragment, as this node tracks it while elected."""
