@@ -143,8 +143,9 @@ def test_a_retryable_error_escapes_and_the_unread_contributions_are_read_next_pa
     monkeypatch.setattr(runtime_module, "fetch_contribution", flaky_fetch)
     with pytest.raises(MailboxUnavailable):
         run.syncer.run_once()
-    seen = run.syncer._views[FRAGMENT].round.seen
-    assert {keys.parse_contribution_record(k).learner for k in seen} == {"alice", "bob"}  # carol on are unread
+    current = run.syncer.open_round(FRAGMENT)
+    assert current is not None
+    assert {keys.parse_contribution_record(k).learner for k in current.seen} == {"alice", "bob"}  # carol on are unread
     stored = run.commit_next()
     assert [p.learner for p in stored.record.participants] == sorted(LEARNERS)
     assert stored.record.rejected == ()

@@ -20,18 +20,22 @@ state, loaded from the mailbox alone when it takes over) and the round open on i
 A node that loses the create-once race drops its result and reloads; it never overwrites.
 The election runs on a thread of its own, so lease renewals never wait behind transfers.
 
-Polling (docs/session.md, "Polling"): only the elected node reads the learners' leases,
-every ``idle_interval_s`` (a third of the lease TTL by default: how often they are renewed),
-or every ``poll_interval_s`` while a round waits for quorum. The others read only the syncer
-lease, at the same idle pace, and at ``poll_interval_s`` once it has stood still long enough
-to expire. While elected, a full pass lists each fragment's contributions (one LIST); it runs
-every ``poll_interval_s`` after any activity and backs off (×2 per quiet pass) to
-``IDLE_COLLECT_MAX_S`` while nothing arrives. The head pointer is probed (a HEAD) only once per
-idle interval, or when a listed contribution names a newer base. A round becomes due when a
-contribution is seen, or a learner in this process says it uploaded one
-(``contribution_published``): the loop then hurries, and the passes in between look only at
-the fragments with a round pending; during a grace window the next pass is timed for its end.
-A commit is announced to ``on_commit`` (the learner in this process fetches it at once).
+Polling (docs/session.md, "Polling"; the schedule is ``pacing.SyncerPacing``): only the
+elected node reads the learners' leases, every ``idle_interval_s`` (a third of the lease TTL
+by default: how often they are renewed), or every ``poll_interval_s`` while a round waits for
+quorum. The others read only the syncer lease, at the same idle pace, and at
+``poll_interval_s`` once it has stood still long enough to expire. While elected, a full pass
+lists each fragment's contributions (one LIST); it runs every ``poll_interval_s`` after any
+activity and backs off (×2 per quiet pass) to ``IDLE_COLLECT_MAX_S`` while nothing arrives.
+The head pointer is probed (a HEAD) only once per idle interval, or when a listed
+contribution names a newer base. A round becomes due when a contribution is seen, or a
+learner in this process says it uploaded one (``contribution_published``): the loop then
+hurries, and the passes in between look only at the fragments with a round pending; during a
+grace window the next pass is timed for its end. A commit is announced to ``on_commit`` (the
+learner in this process fetches it at once).
+
+The two threads run the public passes ``election_pass`` and ``rounds_pass``; tests and tools
+drive the same ones (or ``run_once``, everything at once whatever the pace).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from gradientmail.store import LeaseObserver, RetentionSweep, RunSpec, RunStore,
 from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
+from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
 from gradientmail.syncer.rounds import (
     AbandonedRound,
     Accepted,
@@ -65,14 +70,9 @@ from gradientmail.syncer.rounds import (
 )
 from gradientmail.telemetry import hooks as telemetry
 
-__all__ = ["SyncerRuntime"]
+__all__ = ["IDLE_COLLECT_MAX_S", "RoundView", "SyncerRuntime"]
 
 log = logging.getLogger(__name__)
-
-IDLE_COLLECT_MAX_S = 2.0
-"""The longest pause between two listings of contributions while none arrive (the backoff's
-cap; never above the idle interval nor below ``poll_interval_s``). A contribution from another
-process waits at most this long to be seen when it is the first after a quiet spell."""
 
 PREFETCH = 2
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
@@ -122,8 +122,23 @@ class FragmentView:
     """Digest of ``record``'s stored bytes: the next version's ``previous``."""
 
 
+@dataclass(frozen=True)
+class RoundView:
+    """A read-only look at the round open on one fragment (for tests, tools and telemetry)."""
+
+    base_version: int
+    seen: frozenset[str]
+    """Contribution record keys the round has looked at (judged, or set aside as old)."""
+    accepted: int
+    rejected: int
+    quorum_at: float | None
+    """Syncer clock when quorum was reached; None while the round waits for it."""
+    grace_s: float
+    """The grace window after quorum (0 until quorum, or when every live learner is in)."""
+
+
 class SyncerRuntime:
-    """Runs the election and, while elected, the rounds of every fragment (one thread)."""
+    """Runs the election and, while elected, the rounds of every fragment (one thread each)."""
 
     def __init__(
         self,
@@ -153,24 +168,13 @@ class SyncerRuntime:
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
         """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
         self._retention = RetentionSweep(store, spec.retention, algorithm.max_staleness)
-        self._loop = PollingLoop(f"gm-syncer-{node_id}", self._rounds_pass, poll_interval_s)
-        self._poll_interval_s = poll_interval_s
-        self._idle_interval_s = idle_interval(poll_interval_s, ttl_s, idle_interval_s)
-        self._collect_max_s = max(poll_interval_s, min(self._idle_interval_s, IDLE_COLLECT_MAX_S))
-        self._collect_every_s = poll_interval_s
-        """The pace of the full pass now: ``poll_interval_s`` after activity, doubling per quiet
-        pass up to ``_collect_max_s``."""
+        self._pacing = SyncerPacing(poll_interval_s, idle_interval(poll_interval_s, ttl_s, idle_interval_s))
+        self._loop = PollingLoop(f"gm-syncer-{node_id}", self.rounds_pass, poll_interval_s)
+        self._election_loop = PollingLoop(f"gm-election-{node_id}", self.election_pass, poll_interval_s)
         self._activity = False
-        self._expected: list[tuple[float, float]] = []
-        """Windows (syncer clock) around which learners' leases say contributions are due."""
-        self._leases_at = float("-inf")
-        self._election_read_at = float("-inf")
-        self._head_at: dict[int, float] = {}
         self._on_commit = on_commit
-        self._full_at = float("-inf")
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
-        self._election_loop = PollingLoop(f"gm-election-{node_id}", self._poll_election, poll_interval_s)
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
@@ -180,7 +184,7 @@ class SyncerRuntime:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._poll_election()
+        self.election_pass()
         self._election_loop.start()
         self._loop.start()
         telemetry.attach_syncer(self)
@@ -194,38 +198,73 @@ class SyncerRuntime:
             except GradientMailError as exc:
                 log.warning("could not release the syncer lease: %s", exc)
 
-    # -- one pass ------------------------------------------------------------------
+    @property
+    def loop(self) -> PollingLoop:
+        """The rounds thread's loop (runs ``rounds_pass``)."""
+        return self._loop
+
+    @property
+    def election_loop(self) -> PollingLoop:
+        """The election thread's loop (runs ``election_pass``)."""
+        return self._election_loop
+
+    @property
+    def leases_read_at(self) -> float:
+        """Syncer clock when the learners' leases were last read (-inf: not while elected)."""
+        return self._pacing.leases_read_at
+
+    # -- the passes ----------------------------------------------------------------
     def run_once(self) -> None:
         """One pass: election, live learners, and (if elected) every fragment's round (what the
         two threads do between them, in one call, reading everything whatever the pace: for
         tests and tools)."""
         self.election.poll()
-        self._election_read_at = self._clock()
-        self._full_at = float("-inf")  # a full pass, whenever the last one was
-        self._leases_at = float("-inf")
-        self._head_at.clear()
-        self._rounds_pass()
+        self._pacing.forget(election_read_at=self._clock())  # a full pass, whenever the last one was
+        self.rounds_pass()
         if not self.election.is_leader:
             self._read_leases()  # the background passes of a node not elected leave them unread
 
-    def _poll_election(self) -> None:
-        """The election loop's pass. The holder renews when due (no request otherwise); a watcher
-        reads the syncer lease once per idle interval (it is renewed every TTL/3), and at every
-        pass once the token it watches has stood still for a TTL (the lease has expired in its
-        judgement: take over now, not an idle interval later)."""
+    def election_pass(self) -> None:
+        """The election thread's pass. The holder renews when due (no request otherwise); a
+        watcher reads the syncer lease at the pace ``SyncerPacing.election_due`` sets."""
         election = self.election
         now = self._clock()
-        if not election.is_leader:
-            age = election.lease_age()
-            expired = age is not None and age >= election.ttl_s
-            if not expired and now - self._election_read_at < 0.99 * self._idle_interval_s:
-                return
-        self._election_read_at = now
+        if not self._pacing.election_due(now, holder=election.is_leader, lease_age_s=election.lease_age(), ttl_s=election.ttl_s):
+            return
+        self._pacing.election_read_at = now
         election.poll()
 
-    @property
-    def loop(self) -> PollingLoop:
-        return self._loop
+    def rounds_pass(self) -> None:
+        """The rounds thread's pass, at its pace: while elected, a full pass over every fragment
+        when due, else over the fragments with a round pending or announced; then the next
+        pause. Not elected: forget the rounds (a future term recovers from the mailbox)."""
+        now = self._clock()
+        with self._notified_lock:
+            notified, self._notified = self._notified, set()
+        pacing = self._pacing
+        if not self.election.is_leader:
+            self._views.clear()  # a future term recovers from the mailbox alone
+            self.live = {}  # only the elected node watches the learners' leases
+            pacing.stand_down()
+            self._loop.settle()
+            return
+        if pacing.leases_due(self._leases_in(now)):
+            self._read_leases()
+        full = pacing.start_pass(now)
+        pending = {f for f, view in self._views.items() if view.round.accepted}
+        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
+        self._activity = bool(notified)
+        for fragment in fragments:
+            if self._loop.stopping or not self.election.is_leader:
+                return
+            self.advance(fragment)
+        busy = any(view.round.accepted for view in self._views.values())
+        now = self._clock()
+        pace = pacing.end_pass(now, full=full, active=self._activity, busy=busy, leases_in_s=self._leases_in(now))
+        self._loop.interval_s = pace.interval_s
+        self._loop.pause_at_most(pace.pause_at_most_s)
+        if not busy and not notified:
+            self._loop.settle()  # no round due: back to the regular pace
 
     def contribution_published(self, fragment: int) -> None:
         """A learner in this process uploaded a contribution to ``fragment``: look now, and
@@ -234,84 +273,77 @@ class SyncerRuntime:
             self._notified.add(fragment)
         self._loop.hurry()
 
+    # Old names of the passes, kept until tests/test_request_rate.py reads the public ones.
+    _poll_election = election_pass
+    _rounds_pass = rounds_pass
+
+    @property
+    def _leases_at(self) -> float:
+        return self.leases_read_at
+
+    # -- what a round looks like ---------------------------------------------------
+    def open_round(self, fragment: int) -> RoundView | None:
+        """The round open on ``fragment``, as this node tracks it while elected; None when it
+        tracks none (not elected, or the fragment not loaded yet)."""
+        view = self._views.get(fragment)
+        if view is None:
+            return None
+        current = view.round
+        return RoundView(
+            base_version=current.base_version,
+            seen=frozenset(current.seen),
+            accepted=len(current.accepted),
+            rejected=len(current.rejected),
+            quorum_at=current.quorum_at,
+            grace_s=current.grace_s,
+        )
+
+    def grace_estimator(self, fragment: int) -> GraceEstimator:
+        """The adaptive grace window of ``fragment`` (what it learned of step times and syncs)."""
+        return self._grace[fragment]
+
+    def committed(self) -> dict[int, RoundRecord]:
+        """The newest committed round record of each fragment, as this node tracks it while elected."""
+        return {fragment: view.record for fragment, view in list(self._views.items())}
+
+    def learner_lease_ages(self) -> dict[str, float]:
+        """Seconds since each live learner's lease last changed, on this node's clock (for telemetry)."""
+        return {learner: self._observer.unchanged_for(keys.learner_lease(learner)) for learner in dict(self.live)}
+
+    # -- learners' leases ----------------------------------------------------------
     def _read_leases(self) -> None:
         """Read the learners' leases (one LIST and a GET each): who is live, and when their next
         contributions are due (``due_in_s``, a hint: it only sets the pace of the listing)."""
-        now = self._leases_at = self._clock()
+        now = self._pacing.leases_read_at = self._clock()  # before the read: a failed one waits its turn
         previous, self.live = self.live, live_learners(self.store, self._observer)
         self._count_expired(previous)
-        windows = []
-        for lease in self.live.values():
-            due_in = lease.info.get("due_in_s")
-            if isinstance(due_in, int | float) and not isinstance(due_in, bool) and 0 <= due_in < 1e9:
-                # written up to a renewal interval before this read; the upload takes a while after
-                windows.append((now + due_in - self._idle_interval_s, now + due_in + self._idle_interval_s))
-        self._expected = windows
-
-    def _expecting(self, now: float) -> tuple[bool, float]:
-        """Whether a learner's contribution is due about now (its lease said so), and the
-        seconds until the next such window opens (infinite when none)."""
-        inside = any(start <= now <= end for start, end in self._expected)
-        upcoming = [start - now for start, _ in self._expected if start > now]
-        return inside, min(upcoming, default=float("inf"))
+        self._pacing.expect(now, self.live.values())
 
     def _leases_in(self, now: float) -> float:
-        """Seconds until the elected node should read the learners' leases again: once per idle
-        interval, at the regular pace while a round waits for quorum (whether every live learner
-        is in decides it), and when a live lease will have stood still for a TTL (it expires)."""
+        """Seconds until the elected node should read the learners' leases again (whether every
+        live learner is in decides a round waiting for quorum, so it reads them at poll pace)."""
         waiting = any(view.round.accepted and view.round.quorum_at is None for view in self._views.values())
-        every = self._poll_interval_s if waiting else self._idle_interval_s
-        due = self._leases_at + every - now
-        for learner in self.live:
-            due = min(due, self._observer.ttl_s - self._observer.unchanged_for(keys.learner_lease(learner)))
-        return due
+        ttl_s = self._observer.ttl_s
+        expiries = (ttl_s - self._observer.unchanged_for(keys.learner_lease(learner)) for learner in self.live)
+        return self._pacing.leases_in(now, waiting=waiting, expiries_s=expiries)
 
-    def _rounds_pass(self) -> None:
-        now = self._clock()
-        with self._notified_lock:
-            notified, self._notified = self._notified, set()
-        if not self.election.is_leader:
-            self._views.clear()  # a future term recovers from the mailbox alone
-            self.live = {}  # only the elected node watches the learners' leases
-            self._leases_at = float("-inf")
-            self._expected = []
-            self._collect_every_s = self._poll_interval_s
-            self._loop.settle()
-            return
-        if self._leases_in(now) <= 0.01 * self._idle_interval_s:
-            self._read_leases()
-        full = now - self._full_at >= 0.9 * self._collect_every_s
-        pending = {f for f, view in self._views.items() if view.round.accepted}
-        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
-        if full:
-            self._full_at = now
-        self._activity = bool(notified)
-        for fragment in fragments:
-            if self._loop.stopping or not self.election.is_leader:
-                return
-            self._advance(fragment)
-        busy = any(view.round.accepted for view in self._views.values())
-        now = self._clock()
-        expected, window_in = self._expecting(now)
-        if self._activity or busy or expected:
-            self._collect_every_s = self._poll_interval_s
-        elif full:
-            self._collect_every_s = min(self._collect_max_s, 2 * self._collect_every_s)
-        self._loop.interval_s = self._collect_every_s
-        if window_in < self._collect_every_s:  # a window opens before the next full pass: be there
-            self._collect_every_s = self._poll_interval_s
-        self._loop.pause_at_most(max(0.0, min(self._full_at + self._collect_every_s - now, self._leases_in(now), window_in)))
-        if not busy and not notified:
-            self._loop.settle()  # no round due: back to the regular pace
+    def _count_expired(self, previous: dict[str, Lease]) -> None:
+        """Count learners that left the live set because their lease went unrenewed for a TTL
+        (a released lease changed token just before, so it has not stood still that long)."""
+        for learner in previous.keys() - self.live.keys():
+            if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
+                self.learner_leases_expired += 1
 
-    def _advance(self, fragment: int) -> None:
+    # -- one fragment's round ------------------------------------------------------
+    def advance(self, fragment: int) -> None:
+        """Take ``fragment``'s round as far as it goes now: find the newest version, collect,
+        and close the round once quorum and grace allow. What a rounds pass does per fragment;
+        it does not check the election itself (a commit does: it needs the lease held)."""
         view = self._views.get(fragment)
         now = self._clock()
         # Our own commits move the view; another writer's (a lost race, a deposed holder) shows as
         # contributions on a newer base, else the head probe once per idle interval finds it.
-        probe = view is None or view.round.lagging or now - self._head_at.get(fragment, float("-inf")) >= self._idle_interval_s
-        if probe:
-            self._head_at[fragment] = now
+        if self._pacing.probe_head(fragment, now, forced=view is None or view.round.lagging):
             newest = self.store.newest_version(fragment, known=view.version if view else None)
             if newest is None:
                 return  # not initialised yet by the first learner
@@ -339,7 +371,7 @@ class SyncerRuntime:
             self._loop.hurry()
         now = self._clock()
         everyone = set(self.live) <= current.learners
-        if everyone and now - self._leases_at > self._poll_interval_s:
+        if everyone and self._pacing.live_set_older_than_a_poll(now):
             # the live set is read once per idle interval: never close a round early on "every
             # live learner is in", nor skip its grace window, on a view older than a poll
             self._read_leases()
@@ -587,18 +619,3 @@ class SyncerRuntime:
         oldest_base = self.spec.retention.oldest_kept_base(record.version, self.spec.algorithm.max_staleness)
         for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
             del self._referenced[key]  # no contribution based below it is left to check
-
-    def committed(self) -> dict[int, RoundRecord]:
-        """The newest committed round record of each fragment, as this node tracks it while elected."""
-        return {fragment: view.record for fragment, view in list(self._views.items())}
-
-    def learner_lease_ages(self) -> dict[str, float]:
-        """Seconds since each live learner's lease last changed, on this node's clock (for telemetry)."""
-        return {learner: self._observer.unchanged_for(keys.learner_lease(learner)) for learner in dict(self.live)}
-
-    def _count_expired(self, previous: dict[str, Lease]) -> None:
-        """Count learners that left the live set because their lease went unrenewed for a TTL
-        (a released lease changed token just before, so it has not stood still that long)."""
-        for learner in previous.keys() - self.live.keys():
-            if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
-                self.learner_leases_expired += 1
