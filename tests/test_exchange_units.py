@@ -287,8 +287,8 @@ def test_a_syncer_that_loses_the_race_discards_its_work(run):
     other = syncer_on(store, spec, "other-node")
     # both think they lead (as across a partition); only one record can be created
     other.election.poll()
-    other._advance(0)
-    syncer._advance(0)
+    other.advance(0)
+    syncer.advance(0)
     assert store.committed_versions(0) == [0, 1]
     assert syncer.lost_races + other.lost_races <= 1
     versions = box.list(f"{keys.fragment_root(0)}versions/0000000001/")

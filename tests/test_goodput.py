@@ -223,15 +223,15 @@ def test_the_syncer_times_its_next_pass_for_the_end_of_a_grace_window():
     anchor = store.read_params(spec, store.read_round(0, 0))
     delta = {"w": anchor["w"] - 0.5}
     store.publish_contribution("a", 0, 0, delta, ContributionCounts(steps=4, samples=4, step_time_s=10.0))
-    syncer._grace[0].observe_step_times([10.0])  # a known step time: the window will be open
-    syncer._loop.settle()
+    syncer.grace_estimator(0).observe_step_times([10.0])  # a known step time: the window will be open
+    syncer.loop.settle()
     clock.now += 1.0
-    syncer._rounds_pass()  # a full pass: sees the contribution, quorum of one, grace pending
+    syncer.rounds_pass()  # a full pass: sees the contribution, quorum of one, grace pending
     assert syncer.commits == 0
-    view = syncer._views[0]
-    assert view.round.quorum_at is not None and view.round.grace_s > 0
+    current = syncer.open_round(0)
+    assert current is not None and current.quorum_at is not None and current.grace_s > 0
     pause = syncer.loop.next_pause()
-    assert pause <= view.round.grace_s
+    assert pause <= current.grace_s
 
 
 def test_a_torch_snapshot_holds_the_parameters_at_the_publish_in_the_preallocated_buffer():

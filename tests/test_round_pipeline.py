@@ -19,7 +19,7 @@ from gradientmail.errors import CorruptPayload, MailboxError, MailboxUnavailable
 from gradientmail.mailbox import ForwardingMailbox, Mailbox, MemoryMailbox
 from gradientmail.mailbox.base import HashingGet
 from gradientmail.records import PayloadRef, Rejection, keys
-from gradientmail.store import RunStore
+from gradientmail.store import RunStore, VersionDraft
 from gradientmail.syncer import replay_round
 from gradientmail.syncer import runtime as runtime_module
 from gradientmail.syncer.rounds import Fetched, check_fetched, fetch_contribution, validate
@@ -53,9 +53,9 @@ def _round(run: Run, extra: dict[str, Any] | None = None) -> None:
     for learner in ("alice", "bob", "carol", "frank"):
         run.publish(learner)
     corrupt = run.publish("dave")
-    data = bytearray(run.store._mailbox.get(corrupt.blob))
+    data = bytearray(run.store.mailbox.get(corrupt.blob))
     data[-1] ^= 1
-    run.store._mailbox.put(corrupt.blob, bytes(data))
+    run.store.mailbox.put(corrupt.blob, bytes(data))
     nan = run.honest_delta("erin", run.newest())
     next(iter(nan.values())).reshape(-1)[0] = np.nan
     run.publish("erin", nan)
@@ -143,8 +143,9 @@ def test_a_retryable_error_escapes_and_the_unread_contributions_are_read_next_pa
     monkeypatch.setattr(runtime_module, "fetch_contribution", flaky_fetch)
     with pytest.raises(MailboxUnavailable):
         run.syncer.run_once()
-    seen = run.syncer._views[FRAGMENT].round.seen
-    assert {keys.parse_contribution_record(k).learner for k in seen} == {"alice", "bob"}  # carol on are unread
+    current = run.syncer.open_round(FRAGMENT)
+    assert current is not None
+    assert {keys.parse_contribution_record(k).learner for k in current.seen} == {"alice", "bob"}  # carol on are unread
     stored = run.commit_next()
     assert [p.learner for p in stored.record.participants] == sorted(LEARNERS)
     assert stored.record.rejected == ()
@@ -170,11 +171,11 @@ def test_validate_through_a_hashing_store_rejects_a_lying_digest_before_decoding
     decoded: list[int] = []
     decode = payload.decode
     monkeypatch.setattr(payload, "decode", lambda data: decoded.append(len(data)) or decode(data))
-    lying = RunStore(Hashing(run.store._mailbox, lie="0" * 64))
+    lying = RunStore(Hashing(run.store.mailbox, lie="0" * 64))
     outcome = validate(lying, run.syncer.backend, run.spec, 0, key)
     assert isinstance(outcome, Rejection) and outcome.reason == "corrupt"
     assert decoded == []  # nothing unverified is decoded
-    assert not isinstance(validate(RunStore(Hashing(run.store._mailbox)), run.syncer.backend, run.spec, 0, key), Rejection)
+    assert not isinstance(validate(RunStore(Hashing(run.store.mailbox)), run.syncer.backend, run.spec, 0, key), Rejection)
 
 
 class FailingPut(ForwardingMailbox):
@@ -193,11 +194,11 @@ class FailingPut(ForwardingMailbox):
 @pytest.mark.parametrize("part", ["params-", "outer-"])
 def test_a_failed_blob_write_fails_the_commit_and_leaves_no_record(part: str) -> None:
     run = create_run(MemoryMailbox())
-    box = FailingPut(run.store._mailbox, part)
+    box = FailingPut(run.store.mailbox, part)
     store = RunStore(box)
     params = run.params(0)
     with pytest.raises(MailboxError):
-        store.commit_version(FRAGMENT, 1, params, {}, algorithm=run.spec.algorithm, committed_by="node", term=1)
+        store.commit_version(VersionDraft(FRAGMENT, 1, params, {}, run.spec.algorithm), committed_by="node", term=1)
     assert len(box.puts) == (1 if part == "params-" else 2)  # the state after the parameters, never alongside
     assert not box.inner.exists(keys.round_record(FRAGMENT, 1))
 
@@ -206,8 +207,8 @@ def test_committed_blobs_carry_the_digests_of_their_bytes() -> None:
     run = create_run(MemoryMailbox())
     params = run.params(0)
     state = {f"momentum/{name}": np.ones_like(array) for name, array in params.items()}
-    stored = run.store.commit_version(FRAGMENT, 1, params, state, algorithm=run.spec.algorithm, committed_by="node", term=1)
+    stored = run.store.commit_version(VersionDraft(FRAGMENT, 1, params, state, run.spec.algorithm), committed_by="node", term=1)
     assert stored is not None
     for ref in (stored.record.params, stored.record.outer_state):
-        data = run.store._mailbox.get(ref.key)
+        data = run.store.mailbox.get(ref.key)
         assert (hashlib.sha256(data).hexdigest(), len(data)) == (ref.sha256, ref.size_bytes)

@@ -21,7 +21,7 @@ from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend
 from gradientmail.errors import GradientMailError, RunConfigMismatch, Unauthenticated
 from gradientmail.records import Manifest, ParameterSpec
-from gradientmail.store import Retention, RunSpec, RunStore
+from gradientmail.store import Retention, RunSpec, RunStore, VersionDraft
 
 __all__ = ["RunProposal", "differences", "join_run", "model_signature", "proposed_manifest"]
 
@@ -136,15 +136,14 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
         if store.newest_version(fragment) is None:
             params = backend.read_parameters(model, names)
             state = OuterState.zeros(backend, params).to_tensors()
-            store.commit_version(
+            initial = VersionDraft(
                 fragment,
                 0,
                 {n: backend.to_numpy(t) for n, t in params.items()},
                 {n: backend.to_numpy(t) for n, t in state.items()},
                 algorithm=algorithm,
-                committed_by=learner_id,
-                term=0,
             )
+            store.commit_version(initial, committed_by=learner_id, term=0)
     return spec, created
 
 

@@ -9,10 +9,12 @@ from gradientmail.store.run_store import (
     LeaseRead,
     RunStore,
     StoredRound,
+    VersionDraft,
     check_tensors,
     sha256_hex,
 )
 from gradientmail.store.spec import RunSpec, TensorShape
+from gradientmail.store.sweep import RetentionSweep
 
 __all__ = [
     "Arrays",
@@ -20,10 +22,12 @@ __all__ = [
     "ContributionCounts",
     "LeaseRead",
     "Retention",
+    "RetentionSweep",
     "StoredRound",
     "RunSpec",
     "RunStore",
     "TensorShape",
+    "VersionDraft",
     "check_tensors",
     "sha256_hex",
     "LeaseName",

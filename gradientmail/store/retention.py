@@ -2,7 +2,8 @@
 
 Without retention every version's parameters and outer state stay forever (a long run of a
 large model fills a bucket: 300 rounds of a 1.75 MB model left 1 GB). The syncer applies
-this rule after each commit; docs/operations.md sizes it.
+this rule after each commit through a :class:`~gradientmail.store.sweep.RetentionSweep` (the
+rule's execution: which keys go, built from ``records/keys.py``); docs/operations.md sizes it.
 
 * the newest ``keep_versions`` versions (records and blobs): learners and a new syncer load
   the newest, audit replays the window;
@@ -55,3 +56,8 @@ class Retention(FrozenConfig):
     def oldest_audited_base(self, newest: int) -> int:
         """Contributions based on versions older than this belong to no round still audited."""
         return max(0, newest - self.audit_rounds)
+
+    def oldest_kept_base(self, newest: int, max_staleness: int) -> int:
+        """Contributions based on versions older than this are deleted: no audited round lists
+        them, and none can still be merged late (``max_staleness``) into one."""
+        return max(0, self.oldest_audited_base(newest) - max_staleness)

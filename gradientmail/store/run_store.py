@@ -59,6 +59,7 @@ __all__ = [
     "LeaseRead",
     "RunStore",
     "StoredRound",
+    "VersionDraft",
     "check_tensors",
     "sha256_hex",
 ]
@@ -115,6 +116,34 @@ class ContributionCounts:
     realigned: tuple[Realignment, ...] = ()
 
 
+@dataclass(frozen=True)
+class VersionDraft:
+    """A version to commit, as the writer computed it: what its round record will say, less
+    what the store adds (blob references, the writer and its term). The syncer builds one per
+    round; a joining learner builds version 0 (no base, no participants)."""
+
+    fragment: int
+    version: int
+    params: Mapping[str, np.ndarray]
+    outer_state: Mapping[str, np.ndarray]
+    algorithm: DiLoCo
+    """The run's algorithm: the record restates its merge and outer step (what replay checks)."""
+    base_version: int | None = None
+    """The version merged onto; None only for version 0."""
+    participants: tuple[Participant, ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    final: bool = False
+    timing: RoundTiming | None = None
+    previous: str | None = None
+    """sha256 of version − 1's stored record (the hash chain, INV-11)."""
+    samples_per_step_cap: float | None = None
+    backend: str | None = None
+    """The backend that computed the round (audit replays on it for exact bytes)."""
+    update: tuple[Codec, quantized_payload.Parts] | None = None
+    """The compact form of ``params`` − version ``base_version``'s parameters, written as a
+    third blob and referenced as the record's ``update``."""
+
+
 class RunStore:
     """One run's records, blobs and leases, verified on the way in and out.
 
@@ -126,6 +155,12 @@ class RunStore:
     def __init__(self, mailbox: Mailbox, key: RunKey | None = None) -> None:
         self._mailbox = mailbox
         self._key = key
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """The mailbox under this store (not owned: whoever opened it closes it), for tools and
+        tests that look at or damage the stored bytes themselves."""
+        return self._mailbox
 
     @property
     def url(self) -> str:
@@ -267,65 +302,48 @@ class RunStore:
             )
         return params
 
-    def commit_version(
-        self,
-        fragment: int,
-        version: int,
-        params: Mapping[str, np.ndarray],
-        outer_state: Mapping[str, np.ndarray],
-        *,
-        algorithm: DiLoCo,
-        committed_by: str,
-        term: int,
-        base_version: int | None = None,
-        participants: tuple[Participant, ...] = (),
-        rejected: tuple[Rejection, ...] = (),
-        final: bool = False,
-        timing: RoundTiming | None = None,
-        previous: str | None = None,
-        samples_per_step_cap: float | None = None,
-        backend: str | None = None,
-        update: tuple[Codec, quantized_payload.Parts] | None = None,
-    ) -> StoredRound | None:
+    def commit_version(self, draft: VersionDraft, *, committed_by: str, term: int) -> StoredRound | None:
         """Write a version's blobs under keys unique to this attempt, then create its record,
         then point the fragment's head at it.
 
         The blobs are immutable and written *before* the record (INV-1), so a record never
-        points at missing bytes and a writer that loses the race overwrites nothing.
-        ``previous`` is the sha256 of version − 1's record (the hash chain, INV-11). ``update``
-        is the compact form of ``params`` − version ``base_version``'s parameters (written as a
-        third blob, referenced as the record's ``update``).
+        points at missing bytes and a writer that loses the race overwrites nothing: it deletes
+        the blobs it wrote (two, or three with an update) and returns None.
         Returns the stored record, or None if another writer committed this version first.
         """
+        fragment, version = draft.fragment, draft.version
         attempt = uuid.uuid4().hex[:12]
         # Each blob is hashed while it uploads (issue 13); one after the other, so no more than
         # one encoded blob is held at a time (writing both at once measured no faster on loopback).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-sha256") as hashing:
-            params_ref = self._write_tensors(keys.params_blob(fragment, version, committed_by, attempt), params, hashing)
-            state_ref = self._write_tensors(keys.outer_state_blob(fragment, version, committed_by, attempt), outer_state, hashing)
+            params_ref = self._write_tensors(keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing)
+            state_ref = self._write_tensors(
+                keys.outer_state_blob(fragment, version, committed_by, attempt), draft.outer_state, hashing
+            )
             update_ref = None
-            if update is not None:
-                codec, parts = update
+            if draft.update is not None:
+                codec, parts = draft.update
                 update_key = keys.update_blob(fragment, version, committed_by, attempt)
                 update_ref = self._put_blob(update_key, quantized_payload.encode_parts(parts, codec), hashing)
+        algorithm = draft.algorithm
         record = RoundRecord(
             fragment=fragment,
             version=version,
-            base_version=base_version,
-            participants=participants,
-            rejected=rejected,
+            base_version=draft.base_version,
+            participants=draft.participants,
+            rejected=draft.rejected,
             merge=algorithm.merge.to_manifest(),
             outer_lr=algorithm.outer_lr,
             outer_momentum=algorithm.outer_momentum,
-            final=final,
+            final=draft.final,
             params=params_ref,
             outer_state=state_ref,
             committed_by=committed_by,
             term=term,
-            timing=timing or RoundTiming(),
-            previous=previous,
-            samples_per_step_cap=samples_per_step_cap,
-            backend=backend,
+            timing=draft.timing or RoundTiming(),
+            previous=draft.previous,
+            samples_per_step_cap=draft.samples_per_step_cap,
+            backend=draft.backend,
             update=update_ref,
         )
         location = keys.round_record(fragment, version)

@@ -2,7 +2,7 @@
 
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.rounds import Accepted, Base, apply_round, load_base, replay_round, validate
+from gradientmail.syncer.rounds import Accepted, Base, RoundDraft, close_round, load_base, replay_round, validate
 from gradientmail.syncer.runtime import SyncerRuntime
 
 __all__ = [
@@ -10,8 +10,9 @@ __all__ = [
     "Base",
     "Election",
     "GraceEstimator",
+    "RoundDraft",
     "SyncerRuntime",
-    "apply_round",
+    "close_round",
     "load_base",
     "replay_round",
     "validate",

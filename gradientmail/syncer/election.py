@@ -61,6 +61,11 @@ class Election:
     def is_leader(self) -> bool:
         return self._token is not None
 
+    @property
+    def renewed_at(self) -> float:
+        """This node's clock at its last renewal (or win) of the lease; 0.0 before any."""
+        return self._renewed_at
+
     def lease_age(self) -> float | None:
         """Seconds since the syncer lease last changed as this node judges it (for telemetry): since
         its own last renewal while it holds the lease, else since it last saw the lease's token

@@ -1,10 +1,13 @@
-"""One round of one fragment: validate contributions, merge, outer step, commit.
+"""One round of one fragment: validate contributions, then close the round.
 
-``validate`` decides acceptance of a single contribution; ``apply_round`` (``merge_round``
-then ``outer_step``) is the pure merge-and-step both the live syncer (which times the two
-halves apart) and ``replay_round`` use, so a replay reproduces the committed bytes exactly
-(protocol invariant 4). ``validate`` trusts nothing it reads: whatever goes wrong inside it
-becomes a rejection with a reason, never an exception (INV-7).
+``validate`` decides acceptance of a single contribution; ``close_round`` is the round's rule
+from the accepted contributions to what is committed: weights (samples per step capped), the
+configured merge, the outer step, the non-finite retry (a non-finite result is never
+committed: it is retried without the largest delta) and, with ``update_quantization``, the
+compact update. The live syncer commits its :class:`RoundDraft`; ``replay_round`` runs the same
+function on the participants a record lists, so a replay reproduces the committed bytes
+exactly (protocol invariant 4). ``validate`` trusts nothing it reads: whatever goes wrong inside
+it becomes a rejection with a reason, never an exception (INV-7).
 
 Passes over a contribution (issue 13): ``validate`` decodes the payload zero-copy (the delta's
 tensors borrow the payload's bytes) and takes one ``finite_norm`` pass per tensor, which both
@@ -20,6 +23,7 @@ of the next contributions ahead while it checks the current one, in the listed o
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -39,17 +43,19 @@ from gradientmail.errors import (
     MailboxError,
     Unauthenticated,
 )
-from gradientmail.records import Contribution, Rejection, RejectionReason, keys
+from gradientmail.records import Contribution, Participant, Rejection, RejectionReason, keys
 from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore
 
 __all__ = [
+    "AbandonedRound",
     "Accepted",
     "Base",
     "Fetched",
+    "RoundDraft",
     "all_finite",
-    "apply_round",
     "capped_weights",
     "check_fetched",
+    "close_round",
     "compact_update_step",
     "fetch_contribution",
     "load_base",
@@ -245,19 +251,105 @@ def all_finite(backend: Backend, tensors: Mapping[str, Tensor]) -> bool:
     return all(backend.all_finite(t) for t in tensors.values())
 
 
-def apply_round(
-    backend: Backend, spec: RunSpec, base: Base, accepted: Sequence[Accepted]
-) -> tuple[dict[str, Tensor], OuterState, bool]:
-    """Merge the accepted deltas and take the outer step: new params, new state, final flag
-    (with ``update_quantization``, the params are the compact ones, as committed)."""
-    merged, final = merge_round(backend, spec, accepted)
-    params, state = outer_step(backend, spec, base, merged, final)
-    params, state, _ = compact_update_step(backend, spec, base, params, state)
-    return params, state, final
+@dataclass(frozen=True)
+class RoundDraft:
+    """A closed round, ready to commit: what ``close_round`` computed from the accepted
+    contributions (the caller adds the round's bookkeeping: rejections, timing, the chain)."""
+
+    participants: tuple[Accepted, ...]
+    """The contributions merged, in merge order, with their capped weights."""
+    params: dict[str, Tensor]
+    """The parameters to commit (with ``update_quantization``, the compact ones)."""
+    state: OuterState
+    final: bool
+    update: Parts | None
+    """The compact update's codes and scales (runs with ``update_quantization``), else None."""
+    samples_per_step_cap: float | None
+    non_finite: tuple[Rejection, ...] = ()
+    """Contributions dropped, in order, because a merge with them was not finite."""
+    merged_at: float = 0.0
+    """``clock()`` when the last merge ended (the syncer's phase timings)."""
+    stepped_at: float = 0.0
+    """``clock()`` when the last outer step ended."""
+
+    def participant_records(self) -> tuple[Participant, ...]:
+        """The round record's ``participants``."""
+        return tuple(
+            Participant(
+                learner=a.contribution.learner,
+                contribution=a.key.record,
+                steps=a.contribution.steps,
+                samples=a.contribution.samples,
+                weight=a.weight,
+                carried_steps=a.contribution.carried_steps,
+                staleness=a.staleness,
+                realigned=a.contribution.realigned,
+                norm=a.norm,
+            )
+            for a in self.participants
+        )
+
+
+@dataclass(frozen=True)
+class AbandonedRound:
+    """Every merge was non-finite down to the last contribution: nothing to commit, the round
+    starts over with whatever arrives next."""
+
+    non_finite: tuple[Rejection, ...]
+
+
+def close_round(
+    backend: Backend,
+    spec: RunSpec,
+    base: Base,
+    accepted: Sequence[Accepted],
+    samples_per_step_cap: float | None = None,
+    *,
+    clock: Callable[[], float] = time.monotonic,
+) -> RoundDraft | AbandonedRound:
+    """Merge the accepted deltas onto ``base`` and take the outer step: the one rule the live
+    syncer commits by and ``replay_round`` recomputes (INV-4).
+
+    Weights are capped at ``samples_per_step_cap`` × steps; while the result is not finite,
+    the participant with the largest delta is dropped and the merge retried (a ``non_finite``
+    rejection each, INV-12); with ``update_quantization`` the committed parameters are the
+    base's plus the quantized change (INV-16). ``clock`` times the merge and the outer step.
+    """
+    participants = capped_weights(accepted, samples_per_step_cap)
+    non_finite: list[Rejection] = []
+    while participants:
+        merged, final = merge_round(backend, spec, participants)
+        merged_at = clock()
+        params, state = outer_step(backend, spec, base, merged, final)
+        stepped_at = clock()
+        if all_finite(backend, params) and all_finite(backend, state.momentum) and all_finite(backend, state.master):
+            committed, state, update = compact_update_step(backend, spec, base, params, state)
+            return RoundDraft(
+                tuple(participants),
+                committed,
+                state,
+                final,
+                update,
+                samples_per_step_cap,
+                tuple(non_finite),
+                merged_at,
+                stepped_at,
+            )
+        worst = max(participants, key=lambda a: a.norm)
+        participants = [a for a in participants if a is not worst]
+        non_finite.append(
+            Rejection(
+                learner=worst.key.learner,
+                contribution=worst.key.record,
+                reason="non_finite",
+                detail=f"the merge with this delta (norm {worst.norm:.4g}) was not finite",
+            )
+        )
+    return AbandonedRound(tuple(non_finite))
 
 
 def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -> tuple[MergedDelta, bool]:
-    """The first half of ``apply_round`` (timed apart by the syncer): merged delta, final flag.
+    """The merge of ``close_round``: merged delta, final flag.
 
     The merged delta keeps RDA's final scale unapplied for the outer step to fold in; the
     norms validation measured are reused when every contribution carries all of them."""
@@ -271,7 +363,7 @@ def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -
 def outer_step(
     backend: Backend, spec: RunSpec, base: Base, merged: Mapping[str, Tensor], final: bool
 ) -> tuple[dict[str, Tensor], OuterState]:
-    """The second half of ``apply_round``: the Nesterov outer step on the merged delta."""
+    """The outer step of ``close_round``: the Nesterov outer step on the merged delta."""
     return spec.algorithm.outer.step(backend, base.params, base.state, merged, final=final)
 
 
@@ -300,11 +392,13 @@ def compact_update_step(
 
 
 def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> dict[str, Tensor]:
-    """Recompute ``version`` from ``version − 1`` and the participants its record lists (INV-4).
+    """Recompute ``version`` from ``version − 1`` and the participants its record lists with
+    ``close_round``, the function the live syncer committed it by (INV-4).
 
     Raises:
         GradientMailError: version 0 (it has no inputs); ``CorruptPayload`` when a participant
-            no longer validates or the record's merge is not the manifest's.
+            no longer validates, the record's merge is not the manifest's, or the merge is not
+            finite or not weighted as the record says.
     """
     record = store.read_round(fragment, version)
     if record.base_version is None:
@@ -321,11 +415,12 @@ def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int
         accepted.append(outcome)
     if merge_from_manifest(record.merge) != spec.algorithm.merge:
         raise CorruptPayload("the round record's merge differs from the manifest's")
-    accepted = capped_weights(accepted, record.samples_per_step_cap)
-    for participant, outcome in zip(record.participants, accepted, strict=True):
+    draft = close_round(backend, spec, base, accepted, record.samples_per_step_cap)
+    if isinstance(draft, AbandonedRound) or draft.non_finite:  # a committed round was finite: not its inputs
+        raise CorruptPayload(f"fragment {fragment} version {version}: the replayed merge is not finite")
+    for participant, outcome in zip(record.participants, draft.participants, strict=True):
         if outcome.weight != participant.weight:
             raise CorruptPayload(
                 f"participant {participant.contribution}: weight {outcome.weight!r}, the record says {participant.weight!r}"
             )
-    params, _, _ = apply_round(backend, spec, base, accepted)
-    return params
+    return draft.params

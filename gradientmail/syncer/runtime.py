@@ -7,28 +7,35 @@ state, loaded from the mailbox alone when it takes over) and the round open on i
                listed; the next ``PREFETCH`` are fetched, hashed and decoded meanwhile
     quorum   → ``quorum_size`` accepted, or every live learner has one accepted
     grace    → wait the adaptive grace window for more reports (see ``grace.py``)
-    merge    → configured merge with weights samples²/steps (samples per step capped, see
-               ``bounds.py``), then the Nesterov outer step; a non-finite result is never
-               committed: the round is retried without its largest delta
-    commit   → blobs under attempt-unique keys, then create the round record once (naming the
-               previous record's digest), then move the head pointer
-    collect  → retention: what the run's policy no longer keeps is deleted
+    close    → ``rounds.close_round``, the rule replay shares (INV-4): weights samples²/steps
+               (samples per step capped, see ``bounds.py``), the configured merge, the outer
+               step; a non-finite result is never committed, the round is retried without
+               its largest delta
+    commit   → the draft becomes a ``VersionDraft``; ``RunStore.commit_version`` writes the
+               blobs under attempt-unique keys, creates the round record once (naming the
+               previous record's digest), then moves the head pointer
+    collect  → retention: ``store.sweep.RetentionSweep`` deletes what the policy no
+               longer keeps
 
 A node that loses the create-once race drops its result and reloads; it never overwrites.
 The election runs on a thread of its own, so lease renewals never wait behind transfers.
 
-Polling (docs/session.md, "Polling"): only the elected node reads the learners' leases,
-every ``idle_interval_s`` (a third of the lease TTL by default: how often they are renewed),
-or every ``poll_interval_s`` while a round waits for quorum. The others read only the syncer
-lease, at the same idle pace, and at ``poll_interval_s`` once it has stood still long enough
-to expire. While elected, a full pass lists each fragment's contributions (one LIST); it runs
-every ``poll_interval_s`` after any activity and backs off (×2 per quiet pass) to
-``IDLE_COLLECT_MAX_S`` while nothing arrives. The head pointer is probed (a HEAD) only once per
-idle interval, or when a listed contribution names a newer base. A round becomes due when a
-contribution is seen, or a learner in this process says it uploaded one
-(``contribution_published``): the loop then hurries, and the passes in between look only at
-the fragments with a round pending; during a grace window the next pass is timed for its end.
-A commit is announced to ``on_commit`` (the learner in this process fetches it at once).
+Polling (docs/session.md, "Polling"; the schedule is ``pacing.SyncerPacing``): only the
+elected node reads the learners' leases, every ``idle_interval_s`` (a third of the lease TTL
+by default: how often they are renewed), or every ``poll_interval_s`` while a round waits for
+quorum. The others read only the syncer lease, at the same idle pace, and at
+``poll_interval_s`` once it has stood still long enough to expire. While elected, a full pass
+lists each fragment's contributions (one LIST); it runs every ``poll_interval_s`` after any
+activity and backs off (×2 per quiet pass) to ``IDLE_COLLECT_MAX_S`` while nothing arrives.
+The head pointer is probed (a HEAD) only once per idle interval, or when a listed
+contribution names a newer base. A round becomes due when a contribution is seen, or a
+learner in this process says it uploaded one (``contribution_published``): the loop then
+hurries, and the passes in between look only at the fragments with a round pending; during a
+grace window the next pass is timed for its end. A commit is announced to ``on_commit`` (the
+learner in this process fetches it at once).
+
+The two threads run the public passes ``election_pass`` and ``rounds_pass``; tests and tools
+drive the same ones (or ``run_once``, everything at once whatever the pace).
 """
 
 from __future__ import annotations
@@ -41,39 +48,40 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from gradientmail.algorithms.outer import OuterState
-from gradientmail.backends import Backend, Tensor
+from gradientmail.backends import Backend
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
-from gradientmail.records import Lease, Participant, Rejection, RoundRecord, RoundTiming, keys
-from gradientmail.store import LeaseObserver, RunSpec, RunStore, live_learners
-from gradientmail.store.retention import ORPHAN_GRACE_VERSIONS
+from gradientmail.records import Lease, Rejection, RoundRecord, RoundTiming, keys
+from gradientmail.store import (
+    LeaseName,
+    LeaseObserver,
+    RetentionSweep,
+    RunSpec,
+    RunStore,
+    StoredRound,
+    VersionDraft,
+    live_learners,
+)
 from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
+from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
 from gradientmail.syncer.rounds import (
+    AbandonedRound,
     Accepted,
     Base,
     Fetched,
-    all_finite,
-    capped_weights,
+    RoundDraft,
     check_fetched,
-    compact_update_step,
+    close_round,
     fetch_contribution,
     load_base,
-    merge_round,
-    outer_step,
 )
 from gradientmail.telemetry import hooks as telemetry
 
-__all__ = ["SyncerRuntime"]
+__all__ = ["IDLE_COLLECT_MAX_S", "RoundView", "SyncerRuntime"]
 
 log = logging.getLogger(__name__)
-
-IDLE_COLLECT_MAX_S = 2.0
-"""The longest pause between two listings of contributions while none arrive (the backoff's
-cap; never above the idle interval nor below ``poll_interval_s``). A contribution from another
-process waits at most this long to be seen when it is the first after a quiet spell."""
 
 PREFETCH = 2
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
@@ -123,8 +131,23 @@ class FragmentView:
     """Digest of ``record``'s stored bytes: the next version's ``previous``."""
 
 
+@dataclass(frozen=True)
+class RoundView:
+    """A read-only look at the round open on one fragment (for tests, tools and telemetry)."""
+
+    base_version: int
+    seen: frozenset[str]
+    """Contribution record keys the round has looked at (judged, or set aside as old)."""
+    accepted: int
+    rejected: int
+    quorum_at: float | None
+    """Syncer clock when quorum was reached; None while the round waits for it."""
+    grace_s: float
+    """The grace window after quorum (0 until quorum, or when every live learner is in)."""
+
+
 class SyncerRuntime:
-    """Runs the election and, while elected, the rounds of every fragment (one thread)."""
+    """Runs the election and, while elected, the rounds of every fragment (one thread each)."""
 
     def __init__(
         self,
@@ -152,26 +175,15 @@ class SyncerRuntime:
         self._grace = [GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments]
         self._history = [ContributionHistory() for _ in spec.fragments]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
-        self._blobs_of: dict[tuple[int, int], frozenset[str]] = {}
-        """(fragment, version) → the blob keys its record references (retention's orphan check)."""
-        self._loop = PollingLoop(f"gm-syncer-{node_id}", self._rounds_pass, poll_interval_s)
-        self._poll_interval_s = poll_interval_s
-        self._idle_interval_s = idle_interval(poll_interval_s, ttl_s, idle_interval_s)
-        self._collect_max_s = max(poll_interval_s, min(self._idle_interval_s, IDLE_COLLECT_MAX_S))
-        self._collect_every_s = poll_interval_s
-        """The pace of the full pass now: ``poll_interval_s`` after activity, doubling per quiet
-        pass up to ``_collect_max_s``."""
+        """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
+        self._retention = RetentionSweep(store, spec.retention, algorithm.max_staleness)
+        self._pacing = SyncerPacing(poll_interval_s, idle_interval(poll_interval_s, ttl_s, idle_interval_s))
+        self._loop = PollingLoop(f"gm-syncer-{node_id}", self.rounds_pass, poll_interval_s)
+        self._election_loop = PollingLoop(f"gm-election-{node_id}", self.election_pass, poll_interval_s)
         self._activity = False
-        self._expected: list[tuple[float, float]] = []
-        """Windows (syncer clock) around which learners' leases say contributions are due."""
-        self._leases_at = float("-inf")
-        self._election_read_at = float("-inf")
-        self._head_at: dict[int, float] = {}
         self._on_commit = on_commit
-        self._full_at = float("-inf")
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
-        self._election_loop = PollingLoop(f"gm-election-{node_id}", self._poll_election, poll_interval_s)
         self.live: dict[str, Lease] = {}
         self.commits = 0
         self.lost_races = 0
@@ -181,7 +193,7 @@ class SyncerRuntime:
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
-        self._poll_election()
+        self.election_pass()
         self._election_loop.start()
         self._loop.start()
         telemetry.attach_syncer(self)
@@ -195,38 +207,73 @@ class SyncerRuntime:
             except GradientMailError as exc:
                 log.warning("could not release the syncer lease: %s", exc)
 
-    # -- one pass ------------------------------------------------------------------
+    @property
+    def loop(self) -> PollingLoop:
+        """The rounds thread's loop (runs ``rounds_pass``)."""
+        return self._loop
+
+    @property
+    def election_loop(self) -> PollingLoop:
+        """The election thread's loop (runs ``election_pass``)."""
+        return self._election_loop
+
+    @property
+    def leases_read_at(self) -> float:
+        """Syncer clock when the learners' leases were last read (-inf: not while elected)."""
+        return self._pacing.leases_read_at
+
+    # -- the passes ----------------------------------------------------------------
     def run_once(self) -> None:
         """One pass: election, live learners, and (if elected) every fragment's round (what the
         two threads do between them, in one call, reading everything whatever the pace: for
         tests and tools)."""
         self.election.poll()
-        self._election_read_at = self._clock()
-        self._full_at = float("-inf")  # a full pass, whenever the last one was
-        self._leases_at = float("-inf")
-        self._head_at.clear()
-        self._rounds_pass()
+        self._pacing.forget(election_read_at=self._clock())  # a full pass, whenever the last one was
+        self.rounds_pass()
         if not self.election.is_leader:
             self._read_leases()  # the background passes of a node not elected leave them unread
 
-    def _poll_election(self) -> None:
-        """The election loop's pass. The holder renews when due (no request otherwise); a watcher
-        reads the syncer lease once per idle interval (it is renewed every TTL/3), and at every
-        pass once the token it watches has stood still for a TTL (the lease has expired in its
-        judgement: take over now, not an idle interval later)."""
+    def election_pass(self) -> None:
+        """The election thread's pass. The holder renews when due (no request otherwise); a
+        watcher reads the syncer lease at the pace ``SyncerPacing.election_due`` sets."""
         election = self.election
         now = self._clock()
-        if not election.is_leader:
-            age = election.lease_age()
-            expired = age is not None and age >= election.ttl_s
-            if not expired and now - self._election_read_at < 0.99 * self._idle_interval_s:
-                return
-        self._election_read_at = now
+        if not self._pacing.election_due(now, holder=election.is_leader, lease_age_s=election.lease_age(), ttl_s=election.ttl_s):
+            return
+        self._pacing.election_read_at = now
         election.poll()
 
-    @property
-    def loop(self) -> PollingLoop:
-        return self._loop
+    def rounds_pass(self) -> None:
+        """The rounds thread's pass, at its pace: while elected, a full pass over every fragment
+        when due, else over the fragments with a round pending or announced; then the next
+        pause. Not elected: forget the rounds (a future term recovers from the mailbox)."""
+        now = self._clock()
+        with self._notified_lock:
+            notified, self._notified = self._notified, set()
+        pacing = self._pacing
+        if not self.election.is_leader:
+            self._views.clear()  # a future term recovers from the mailbox alone
+            self.live = {}  # only the elected node watches the learners' leases
+            pacing.stand_down()
+            self._loop.settle()
+            return
+        if pacing.leases_due(self._leases_in(now)):
+            self._read_leases()
+        full = pacing.start_pass(now)
+        pending = {f for f, view in self._views.items() if view.round.accepted}
+        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
+        self._activity = bool(notified)
+        for fragment in fragments:
+            if self._loop.stopping or not self.election.is_leader:
+                return
+            self.advance(fragment)
+        busy = any(view.round.accepted for view in self._views.values())
+        now = self._clock()
+        pace = pacing.end_pass(now, full=full, active=self._activity, busy=busy, leases_in_s=self._leases_in(now))
+        self._loop.interval_s = pace.interval_s
+        self._loop.pause_at_most(pace.pause_at_most_s)
+        if not busy and not notified:
+            self._loop.settle()  # no round due: back to the regular pace
 
     def contribution_published(self, fragment: int) -> None:
         """A learner in this process uploaded a contribution to ``fragment``: look now, and
@@ -235,84 +282,77 @@ class SyncerRuntime:
             self._notified.add(fragment)
         self._loop.hurry()
 
+    # Old names of the passes, kept until tests/test_request_rate.py reads the public ones.
+    _poll_election = election_pass
+    _rounds_pass = rounds_pass
+
+    @property
+    def _leases_at(self) -> float:
+        return self.leases_read_at
+
+    # -- what a round looks like ---------------------------------------------------
+    def open_round(self, fragment: int) -> RoundView | None:
+        """The round open on ``fragment``, as this node tracks it while elected; None when it
+        tracks none (not elected, or the fragment not loaded yet)."""
+        view = self._views.get(fragment)
+        if view is None:
+            return None
+        current = view.round
+        return RoundView(
+            base_version=current.base_version,
+            seen=frozenset(current.seen),
+            accepted=len(current.accepted),
+            rejected=len(current.rejected),
+            quorum_at=current.quorum_at,
+            grace_s=current.grace_s,
+        )
+
+    def grace_estimator(self, fragment: int) -> GraceEstimator:
+        """The adaptive grace window of ``fragment`` (what it learned of step times and syncs)."""
+        return self._grace[fragment]
+
+    def committed(self) -> dict[int, RoundRecord]:
+        """The newest committed round record of each fragment, as this node tracks it while elected."""
+        return {fragment: view.record for fragment, view in list(self._views.items())}
+
+    def learner_lease_ages(self) -> dict[str, float]:
+        """Seconds since each live learner's lease last changed, on this node's clock (for telemetry)."""
+        return {learner: self._observer.unchanged_for(LeaseName.of_learner(learner)) for learner in dict(self.live)}
+
+    # -- learners' leases ----------------------------------------------------------
     def _read_leases(self) -> None:
         """Read the learners' leases (one LIST and a GET each): who is live, and when their next
         contributions are due (``due_in_s``, a hint: it only sets the pace of the listing)."""
-        now = self._leases_at = self._clock()
+        now = self._pacing.leases_read_at = self._clock()  # before the read: a failed one waits its turn
         previous, self.live = self.live, live_learners(self.store, self._observer)
         self._count_expired(previous)
-        windows = []
-        for lease in self.live.values():
-            due_in = lease.info.get("due_in_s")
-            if isinstance(due_in, int | float) and not isinstance(due_in, bool) and 0 <= due_in < 1e9:
-                # written up to a renewal interval before this read; the upload takes a while after
-                windows.append((now + due_in - self._idle_interval_s, now + due_in + self._idle_interval_s))
-        self._expected = windows
-
-    def _expecting(self, now: float) -> tuple[bool, float]:
-        """Whether a learner's contribution is due about now (its lease said so), and the
-        seconds until the next such window opens (infinite when none)."""
-        inside = any(start <= now <= end for start, end in self._expected)
-        upcoming = [start - now for start, _ in self._expected if start > now]
-        return inside, min(upcoming, default=float("inf"))
+        self._pacing.expect(now, self.live.values())
 
     def _leases_in(self, now: float) -> float:
-        """Seconds until the elected node should read the learners' leases again: once per idle
-        interval, at the regular pace while a round waits for quorum (whether every live learner
-        is in decides it), and when a live lease will have stood still for a TTL (it expires)."""
+        """Seconds until the elected node should read the learners' leases again (whether every
+        live learner is in decides a round waiting for quorum, so it reads them at poll pace)."""
         waiting = any(view.round.accepted and view.round.quorum_at is None for view in self._views.values())
-        every = self._poll_interval_s if waiting else self._idle_interval_s
-        due = self._leases_at + every - now
-        for learner in self.live:
-            due = min(due, self._observer.ttl_s - self._observer.unchanged_for(keys.learner_lease(learner)))
-        return due
+        ttl_s = self._observer.ttl_s
+        expiries = (ttl_s - self._observer.unchanged_for(LeaseName.of_learner(learner)) for learner in self.live)
+        return self._pacing.leases_in(now, waiting=waiting, expiries_s=expiries)
 
-    def _rounds_pass(self) -> None:
-        now = self._clock()
-        with self._notified_lock:
-            notified, self._notified = self._notified, set()
-        if not self.election.is_leader:
-            self._views.clear()  # a future term recovers from the mailbox alone
-            self.live = {}  # only the elected node watches the learners' leases
-            self._leases_at = float("-inf")
-            self._expected = []
-            self._collect_every_s = self._poll_interval_s
-            self._loop.settle()
-            return
-        if self._leases_in(now) <= 0.01 * self._idle_interval_s:
-            self._read_leases()
-        full = now - self._full_at >= 0.9 * self._collect_every_s
-        pending = {f for f, view in self._views.items() if view.round.accepted}
-        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
-        if full:
-            self._full_at = now
-        self._activity = bool(notified)
-        for fragment in fragments:
-            if self._loop.stopping or not self.election.is_leader:
-                return
-            self._advance(fragment)
-        busy = any(view.round.accepted for view in self._views.values())
-        now = self._clock()
-        expected, window_in = self._expecting(now)
-        if self._activity or busy or expected:
-            self._collect_every_s = self._poll_interval_s
-        elif full:
-            self._collect_every_s = min(self._collect_max_s, 2 * self._collect_every_s)
-        self._loop.interval_s = self._collect_every_s
-        if window_in < self._collect_every_s:  # a window opens before the next full pass: be there
-            self._collect_every_s = self._poll_interval_s
-        self._loop.pause_at_most(max(0.0, min(self._full_at + self._collect_every_s - now, self._leases_in(now), window_in)))
-        if not busy and not notified:
-            self._loop.settle()  # no round due: back to the regular pace
+    def _count_expired(self, previous: dict[str, Lease]) -> None:
+        """Count learners that left the live set because their lease went unrenewed for a TTL
+        (a released lease changed token just before, so it has not stood still that long)."""
+        for learner in previous.keys() - self.live.keys():
+            if self._observer.unchanged_for(LeaseName.of_learner(learner)) >= self._observer.ttl_s:
+                self.learner_leases_expired += 1
 
-    def _advance(self, fragment: int) -> None:
+    # -- one fragment's round ------------------------------------------------------
+    def advance(self, fragment: int) -> None:
+        """Take ``fragment``'s round as far as it goes now: find the newest version, collect,
+        and close the round once quorum and grace allow. What a rounds pass does per fragment;
+        it does not check the election itself (a commit does: it needs the lease held)."""
         view = self._views.get(fragment)
         now = self._clock()
         # Our own commits move the view; another writer's (a lost race, a deposed holder) shows as
         # contributions on a newer base, else the head probe once per idle interval finds it.
-        probe = view is None or view.round.lagging or now - self._head_at.get(fragment, float("-inf")) >= self._idle_interval_s
-        if probe:
-            self._head_at[fragment] = now
+        if self._pacing.probe_head(fragment, now, forced=view is None or view.round.lagging):
             newest = self.store.newest_version(fragment, known=view.version if view else None)
             if newest is None:
                 return  # not initialised yet by the first learner
@@ -340,7 +380,7 @@ class SyncerRuntime:
             self._loop.hurry()
         now = self._clock()
         everyone = set(self.live) <= current.learners
-        if everyone and now - self._leases_at > self._poll_interval_s:
+        if everyone and self._pacing.live_set_older_than_a_poll(now):
             # the live set is read once per idle interval: never close a round early on "every
             # live learner is in", nor skip its grace window, on a view older than a poll
             self._read_leases()
@@ -468,31 +508,21 @@ class SyncerRuntime:
         return cached
 
     def _close(self, fragment: int, view: FragmentView) -> None:
+        """Close the round with ``close_round`` and commit its draft, unless our view lags or
+        the lease may run out meanwhile (then the round stays open for whoever commits it)."""
         current = view.round
         started = self._clock()
         cap = self._history[fragment].samples_per_step_cap(
             (a.contribution.steps, a.contribution.samples) for a in current.accepted
         )
-        result = self._merge_finite(fragment, view, capped_weights(current.accepted, cap))
-        if result is None:
+        draft = close_round(self.backend, self.spec, view.base, current.accepted, cap, clock=self._clock)
+        for rejection in draft.non_finite:
+            current.accepted = [a for a in current.accepted if a.key.record != rejection.contribution]
+            current.rejected.append(rejection)
+            log.warning("fragment %d: a merge was not finite; retrying without %s", fragment, rejection.contribution)
+        if isinstance(draft, AbandonedRound):
+            current.quorum_at = None  # start the round over with whatever arrives next
             return
-        accepted, params, state, final, merged_at, stepped_at = result
-        params, state, update = compact_update_step(self.backend, self.spec, view.base, params, state)
-        codec = self.spec.algorithm.update_codec
-        participants = tuple(
-            Participant(
-                learner=a.contribution.learner,
-                contribution=a.key.record,
-                steps=a.contribution.steps,
-                samples=a.contribution.samples,
-                weight=a.weight,
-                carried_steps=a.contribution.carried_steps,
-                staleness=a.staleness,
-                realigned=a.contribution.realigned,
-                norm=a.norm,
-            )
-            for a in accepted
-        )
         head = self.store.read_head(fragment)
         if head is not None and head.version > view.version:  # our view lags (retention may hide the records between)
             log.info(
@@ -502,29 +532,8 @@ class SyncerRuntime:
             return
         if not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
-        quorum_wait = (current.quorum_at or started) - (current.first_seen_at or started)
         stored = self.store.commit_version(
-            fragment,
-            view.version + 1,
-            {name: self.backend.to_numpy(tensor) for name, tensor in params.items()},
-            {name: self.backend.to_numpy(tensor) for name, tensor in state.to_tensors().items()},
-            algorithm=self.spec.algorithm,
-            committed_by=self.node_id,
-            term=self.election.term,
-            base_version=view.version,
-            participants=participants,
-            rejected=tuple(current.rejected),
-            final=final,
-            timing=RoundTiming(
-                quorum_wait_s=quorum_wait,
-                grace_s=current.grace_s,
-                sync_s=current.fetch_s + self._clock() - started,
-                arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
-            ),
-            previous=view.record_sha256 or None,
-            samples_per_step_cap=cap,
-            backend=self.backend.name,
-            update=(codec, update) if codec is not None and update is not None else None,
+            self._version_draft(fragment, view, draft, started), committed_by=self.node_id, term=self.election.term
         )
         committed_at = self._clock()
         if stored is None:
@@ -532,33 +541,67 @@ class SyncerRuntime:
             log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
             del self._views[fragment]
             return
+        self._committed(fragment, view, draft, stored, started, committed_at)
+
+    def _version_draft(self, fragment: int, view: FragmentView, draft: RoundDraft, started: float) -> VersionDraft:
+        """The round's draft as the store commits it: with the round's rejections and timings,
+        and the previous record's digest."""
+        current = view.round
+        codec = self.spec.algorithm.update_codec
+        return VersionDraft(
+            fragment,
+            view.version + 1,
+            {name: self.backend.to_numpy(tensor) for name, tensor in draft.params.items()},
+            {name: self.backend.to_numpy(tensor) for name, tensor in draft.state.to_tensors().items()},
+            self.spec.algorithm,
+            base_version=view.version,
+            participants=draft.participant_records(),
+            rejected=tuple(current.rejected),
+            final=draft.final,
+            timing=RoundTiming(
+                quorum_wait_s=(current.quorum_at or started) - (current.first_seen_at or started),
+                grace_s=current.grace_s,
+                sync_s=current.fetch_s + self._clock() - started,
+                arrival_spread_s=(current.last_seen_at or started) - (current.first_seen_at or started),
+            ),
+            previous=view.record_sha256 or None,
+            samples_per_step_cap=draft.samples_per_step_cap,
+            backend=self.backend.name,
+            update=(codec, draft.update) if codec is not None and draft.update is not None else None,
+        )
+
+    def _committed(
+        self, fragment: int, view: FragmentView, draft: RoundDraft, stored: StoredRound, started: float, committed_at: float
+    ) -> None:
+        """After our commit: learn from the round, drop the stale contributions it rejected,
+        open the next round, announce the commit, then apply retention."""
+        current = view.round
         record = stored.record
         log.info(
             "node %s committed fragment %d version %d (%d merged, %d rejected) quorum wait %.2fs grace %.2fs sync %.2fs",
             self.node_id,
             fragment,
             record.version,
-            len(participants),
+            len(record.participants),
             len(current.rejected),
             record.timing.quorum_wait_s,
             record.timing.grace_s,
             record.timing.sync_s,
         )
         self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
-        for a in accepted:
+        for a in draft.participants:
             self._history[fragment].record(a.contribution.steps, a.contribution.samples, a.norm)
         self.commits += 1
         self._referenced[(fragment, record.version)] = frozenset(
-            [p.contribution for p in participants] + [r.contribution for r in current.rejected]
+            [p.contribution for p in record.participants] + [r.contribution for r in current.rejected]
         )
-        self._blobs_of[(fragment, record.version)] = _blob_keys(record)
+        self._retention.committed(record)
         for rejection in current.rejected:
             stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
             if stale is not None:
                 self.store.delete_contribution(stale)
-        self._views[fragment] = FragmentView(
-            record.version, record, Base(params, state), OpenRound(record.version, opened_at=committed_at), stored.sha256
-        )
+        next_round = OpenRound(record.version, opened_at=committed_at)
+        self._views[fragment] = FragmentView(record.version, record, Base(draft.params, draft.state), next_round, stored.sha256)
         self._activity = True
         if self._on_commit is not None:
             self._on_commit(fragment, record.version)
@@ -571,8 +614,8 @@ class SyncerRuntime:
                 first_seen_at=current.first_seen_at or started,
                 quorum_at=current.quorum_at or started,
                 closing_at=started,
-                merged_at=merged_at,
-                stepped_at=stepped_at,
+                merged_at=draft.merged_at,
+                stepped_at=draft.stepped_at,
                 committed_at=committed_at,
                 now=self._clock(),
                 grace_window_s=current.grace_s,
@@ -581,89 +624,7 @@ class SyncerRuntime:
                 fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
             ),
         )
-        self._apply_retention(fragment, record.version)
-
-    def _merge_finite(
-        self, fragment: int, view: FragmentView, accepted: list[Accepted]
-    ) -> tuple[list[Accepted], dict[str, Tensor], OuterState, bool, float, float] | None:
-        """Merge and step; while the result is not finite, drop the participant with the largest
-        delta and retry (recorded as ``non_finite``). None when nobody is left: the round starts
-        over without them."""
-        current = view.round
-        while accepted:
-            merged, final = merge_round(self.backend, self.spec, accepted)
-            merged_at = self._clock()
-            params, state = outer_step(self.backend, self.spec, view.base, merged, final)
-            stepped_at = self._clock()
-            if (
-                all_finite(self.backend, params)
-                and all_finite(self.backend, state.momentum)
-                and all_finite(self.backend, state.master)
-            ):
-                return accepted, params, state, final, merged_at, stepped_at
-            worst = max(accepted, key=lambda a: a.norm)
-            accepted = [a for a in accepted if a is not worst]
-            current.accepted = [a for a in current.accepted if a.key != worst.key]
-            current.rejected.append(
-                Rejection(
-                    learner=worst.key.learner,
-                    contribution=worst.key.record,
-                    reason="non_finite",
-                    detail=f"the merge with this delta (norm {worst.norm:.4g}) was not finite",
-                )
-            )
-            log.warning("fragment %d: a merge was not finite; retrying without %s", fragment, worst.key.record)
-        current.quorum_at = None  # start the round over with whatever arrives next
-        return None
-
-    def _apply_retention(self, fragment: int, newest: int) -> None:
-        """Delete what the run's retention policy no longer keeps (see ``store/retention.py``)."""
-        retention = self.spec.retention
-        blobs = self.store.version_blobs(fragment)
-        records = set(self.store.committed_versions(fragment))
-        kept = retention.kept_versions(records | set(blobs), newest)
-        doomed = [keys.round_record(fragment, v) for v in records - kept]
-        for version, found in blobs.items():
-            if version not in kept:
-                doomed.extend(found)
-            elif version <= newest - ORPHAN_GRACE_VERSIONS and version in records:
-                referenced = self._referenced_blobs(fragment, version)
-                doomed.extend(k for k in found if referenced is not None and k not in referenced)
-        oldest_base = max(0, retention.oldest_audited_base(newest) - self.spec.algorithm.max_staleness)
-        doomed.extend(self.store.contribution_objects_below(fragment, oldest_base))
-        if doomed:
-            self.store.delete_keys(doomed)
-        for key in [k for k in self._blobs_of if k[0] == fragment and k[1] not in kept]:
-            del self._blobs_of[key]
+        self._retention.apply(fragment, record.version)
+        oldest_base = self.spec.retention.oldest_kept_base(record.version, self.spec.algorithm.max_staleness)
         for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
-            del self._referenced[key]
-
-    def _referenced_blobs(self, fragment: int, version: int) -> frozenset[str] | None:
-        cached = self._blobs_of.get((fragment, version))
-        if cached is None:
-            try:
-                record = self.store.read_round(fragment, version)
-            except (KeyNotFound, InvalidRecord):
-                return None  # not ours to judge: leave its blobs alone
-            cached = self._blobs_of[(fragment, version)] = _blob_keys(record)
-        return cached
-
-    def committed(self) -> dict[int, RoundRecord]:
-        """The newest committed round record of each fragment, as this node tracks it while elected."""
-        return {fragment: view.record for fragment, view in list(self._views.items())}
-
-    def learner_lease_ages(self) -> dict[str, float]:
-        """Seconds since each live learner's lease last changed, on this node's clock (for telemetry)."""
-        return {learner: self._observer.unchanged_for(keys.learner_lease(learner)) for learner in dict(self.live)}
-
-    def _count_expired(self, previous: dict[str, Lease]) -> None:
-        """Count learners that left the live set because their lease went unrenewed for a TTL
-        (a released lease changed token just before, so it has not stood still that long)."""
-        for learner in previous.keys() - self.live.keys():
-            if self._observer.unchanged_for(keys.learner_lease(learner)) >= self._observer.ttl_s:
-                self.learner_leases_expired += 1
-
-
-def _blob_keys(record: RoundRecord) -> frozenset[str]:
-    """The blobs a round record references (retention keeps them while it keeps the version)."""
-    return frozenset(ref.key for ref in (record.params, record.outer_state, record.update) if ref is not None)
+            del self._referenced[key]  # no contribution based below it is left to check

@@ -1,0 +1,58 @@
+"""The syncer's schedule of reads as pure rules (``syncer/pacing.py``), without a mailbox."""
+
+from __future__ import annotations
+
+import pytest
+
+from gradientmail.records import Lease
+from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
+
+POLL_S = 0.2
+IDLE_S = 10.0 / 3
+
+
+def lease(due_in_s: object) -> Lease:
+    return Lease(kind="learner", holder="a", sequence=1, ttl_s=10.0, info={"due_in_s": due_in_s})
+
+
+def test_quiet_full_passes_back_off_to_the_cap_and_activity_resets_them() -> None:
+    pacing = SyncerPacing(POLL_S, IDLE_S)
+    now, seen = 0.0, []
+    for _ in range(6):
+        assert pacing.start_pass(now)
+        pace = pacing.end_pass(now, full=True, active=False, busy=False, leases_in_s=float("inf"))
+        seen.append(pace.interval_s)
+        now += pace.interval_s
+    assert seen == [0.4, 0.8, 1.6, IDLE_COLLECT_MAX_S, IDLE_COLLECT_MAX_S, IDLE_COLLECT_MAX_S]
+    assert pacing.end_pass(now, full=False, active=True, busy=False, leases_in_s=float("inf")).interval_s == POLL_S
+
+
+def test_a_watcher_reads_the_election_once_per_idle_interval_or_at_once_when_expired() -> None:
+    pacing = SyncerPacing(POLL_S, IDLE_S)
+    pacing.election_read_at = 0.0
+    assert pacing.election_due(1.0, holder=True, lease_age_s=1.0, ttl_s=10.0)
+    assert not pacing.election_due(1.0, holder=False, lease_age_s=1.0, ttl_s=10.0)
+    assert pacing.election_due(IDLE_S, holder=False, lease_age_s=1.0, ttl_s=10.0)
+    assert pacing.election_due(1.0, holder=False, lease_age_s=10.0, ttl_s=10.0)
+
+
+def test_a_lease_saying_a_contribution_is_due_opens_a_window_the_next_pass_is_timed_for() -> None:
+    pacing = SyncerPacing(POLL_S, IDLE_S)
+    pacing.expect(0.0, [lease(10.0), lease(True), lease(-1), lease("soon")])  # only the first is a hint
+    assert pacing.expecting(0.0) == (False, pytest.approx(10.0 - IDLE_S))
+    assert pacing.expecting(10.0) == (True, float("inf"))
+    pacing.collect_every_s = IDLE_COLLECT_MAX_S  # backed off after a quiet spell
+    before = 10.0 - IDLE_S - 1.0  # the window opens in a second, before the next full pass
+    assert pacing.start_pass(before)
+    pace = pacing.end_pass(before, full=True, active=False, busy=False, leases_in_s=float("inf"))
+    assert pace.interval_s == IDLE_COLLECT_MAX_S and pace.pause_at_most_s == pytest.approx(POLL_S)
+    assert pacing.collect_every_s == POLL_S  # at the regular pace when it opens
+
+
+def test_leases_are_read_at_poll_pace_while_a_round_waits_and_when_one_expires() -> None:
+    pacing = SyncerPacing(POLL_S, IDLE_S)
+    pacing.leases_read_at = 0.0
+    assert pacing.leases_in(0.0, waiting=False, expiries_s=[]) == IDLE_S
+    assert pacing.leases_in(0.0, waiting=True, expiries_s=[]) == POLL_S
+    assert pacing.leases_in(0.0, waiting=False, expiries_s=[1.0]) == 1.0
+    assert pacing.leases_due(0.0) and not pacing.leases_due(1.0)
