@@ -128,8 +128,7 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
             in_step.append(time.perf_counter() - t0)
         elapsed = time.perf_counter() - started
         cpu, thread_cpu = time.process_time() - cpu, time.thread_time() - thread_cpu
-        run = session._run
-        latencies = list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+        latencies = session.publish_to_commit_s
         contributions, alignments = session.stats.contributions, session.stats.alignments
     return {
         "elapsed_s": elapsed,
@@ -204,8 +203,7 @@ def blocking_sync(steps: int, poll_interval_s: float, overlap_steps: int | None)
                 session.step(samples=1)
                 if session.stats.contributions > before:
                     blocked.append(time.perf_counter() - t0)
-            run = session._run
-            latencies = list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+            latencies = session.publish_to_commit_s
     return {"blocked_s": quantiles(blocked), "publish_to_commit_s": quantiles(latencies)}
 
 
@@ -234,8 +232,7 @@ def small_learner(
                 value -= 1e-3
             time.sleep(0.01)
             session.step(samples=1)
-        run = session._run
-        return list(getattr(run.exchange, "publish_to_commit_s", [])) if run is not None else []
+        return session.publish_to_commit_s
 
 
 def _second_learner(root: str, steps: int, poll_interval_s: float, out: Any) -> None:

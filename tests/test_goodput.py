@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 
 import gradientmail as gm
+from gradientmail.algorithms import align as align_module
 from gradientmail.backends import get_backend
+from gradientmail.backends.host import HostBuffer
+from gradientmail.backends.numpy_backend import NumpyBackend
 from gradientmail.polling import FAST_INTERVAL_S, PollingLoop
-from gradientmail.session import exchange as exchange_module
-from gradientmail.session import session as session_module
-from gradientmail.session.exchange import Exchange, HostBuffer, Publication
+from gradientmail.session.exchange import Exchange
+from gradientmail.session.fragment import LearnerFragment, Publication
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import ContributionCounts, LearnerLease, RunStore
 from gradientmail.store import run_store as run_store_module
@@ -106,8 +108,9 @@ class RecordingMailbox(gm.MemoryMailbox):
 @pytest.mark.parametrize(("carry", "overlap"), [(True, None), (True, 0), (False, None)])
 def test_the_training_thread_only_snapshots_and_writes(monkeypatch, carry: bool, overlap: int | None):
     """At a sync point step() copies the fragment to a host buffer and, aligning, adds a correction
-    the exchange computed: the delta, encoding, sha256 and uploads all happen on other threads."""
-    calls: dict[str, list[str]] = {"delta": [], "encode": [], "sha256": [], "carried": [], "add_in_place": []}
+    the exchange computed: the delta, encoding, sha256, the correction and uploads all happen on
+    other threads."""
+    calls: dict[str, list[str]] = {"delta": [], "encode": [], "sha256": [], "correction": [], "add_in_place": []}
     stepping = threading.Event()
 
     def recorded(name, fn):  # type: ignore[no-untyped-def]
@@ -118,11 +121,11 @@ def test_the_training_thread_only_snapshots_and_writes(monkeypatch, carry: bool,
 
         return wrapper
 
-    monkeypatch.setattr(exchange_module, "delta_of", recorded("delta", exchange_module.delta_of))
+    monkeypatch.setattr(align_module, "pseudo_gradient", recorded("delta", align_module.pseudo_gradient))
     monkeypatch.setattr(run_store_module.payload, "encode", recorded("encode", run_store_module.payload.encode))
     monkeypatch.setattr(run_store_module, "sha256_hex", recorded("sha256", run_store_module.sha256_hex))
-    monkeypatch.setattr(session_module, "carried_parameters", recorded("carried", session_module.carried_parameters))
-    monkeypatch.setattr(session_module, "add_in_place", recorded("add_in_place", session_module.add_in_place))
+    monkeypatch.setattr(align_module, "carry_correction", recorded("correction", align_module.carry_correction))
+    monkeypatch.setattr(NumpyBackend, "add_in_place", recorded("add_in_place", NumpyBackend.add_in_place))
     writers: list[str] = []
     box = RecordingMailbox(writers)
     model = {"a": np.zeros((8, 4), np.float32), "b": np.zeros(6, np.float32)}
@@ -143,7 +146,7 @@ def test_the_training_thread_only_snapshots_and_writes(monkeypatch, carry: bool,
             assert all(name != threading.main_thread().name for name in writers[writes_before:])
             time.sleep(0.002)  # let the background keep up (the test asserts threads, not times)
     corrected = calls.pop("add_in_place")
-    assert calls == {"delta": [], "encode": [], "sha256": [], "carried": []}
+    assert calls == {"delta": [], "encode": [], "sha256": [], "correction": []}
     assert bool(corrected) == (carry and overlap is None)  # aligning added the exchange's correction
     assert writers  # the uploads happened, elsewhere
 
@@ -157,10 +160,8 @@ def test_snapshots_are_reused_once_the_exchange_lets_go():
         for _ in range(20):
             model["w"] -= 0.1
             session.step()
-        run = session._run
-        assert run is not None
         assert session.stats.contributions >= 5
-        assert len(run.fragments[0].buffers) <= 2  # not one per contribution
+        assert len(session.fragments[0].buffers) <= 2  # not one per contribution
 
 
 # -- the exchange and the syncer around a round --------------------------------------------
@@ -183,30 +184,30 @@ def test_after_an_upload_the_exchange_hurries_until_the_commit_and_the_syncer_is
         store,
         spec,
         "solo",
-        [0],
+        [LearnerFragment.joined(0, ["w"], anchor, 0)],
         lease_ttl_s=10.0,
         poll_interval_s=0.2,
         on_change=lambda: None,
         lease_info=dict,
         clock=FakeClock(),
-        anchors=[anchor],
         on_published=published.append,
     )
     syncer = SyncerRuntime(store, NUMPY, spec, "solo", poll_interval_s=0.2, on_commit=lambda f, v: exchange.commit_available(f))
     snapshot = HostBuffer({"w": np.full(4, 0.5, np.float32)})
-    exchange.publish(Publication(0, 0, anchor, snapshot, ContributionCounts(steps=4, samples=4), serial=1))
+    publication = Publication(0, 0, anchor, snapshot, ContributionCounts(steps=4, samples=4))
+    exchange.publish(publication)
     assert snapshot.held
-    exchange._pass()
+    exchange.exchange_pass()
     assert published == [0]
     assert exchange.loop.hurrying and exchange.loop.next_pause() == FAST_INTERVAL_S
     syncer.contribution_published(0)
     assert syncer.loop.hurrying
     syncer.run_once()
     assert syncer.commits == 1
-    exchange._pass()  # the wake-up from the syncer: probes the fragment, fetches the commit
+    exchange.exchange_pass()  # the wake-up from the syncer: probes the fragment, fetches the commit
     commit = exchange.take_ready()[0]
-    assert commit.version == 1 and commit.ours_merged
-    assert commit.correction_from == ("published", 1)
+    assert commit.version == 1 and commit.merged is publication  # the exchange's one decision
+    assert commit.carry_start is snapshot.arrays
     np.testing.assert_allclose(commit.correction["w"], commit.params["w"] - 0.5)  # type: ignore[index]
     assert not snapshot.held  # taken: the learner aligns now, the buffer is free again
     assert not exchange.loop.hurrying and exchange.loop.next_pause() == pytest.approx(10.0 / 3)  # idle: TTL/3
@@ -240,14 +241,13 @@ def test_a_torch_snapshot_holds_the_parameters_at_the_publish_in_the_preallocate
     algorithm = gm.DiLoCo(sync_every=2, fragments=1, quorum_size=1)
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
     with gm.Session(model, algorithm=algorithm, mailbox=gm.MemoryMailbox(), learner_id="t", options=options) as session:
-        run = session._run
-        assert run is not None
-        preallocated = list(run.fragments[0].buffers)
+        preallocated = list(session.fragments[0].buffers)
         while session.stats.contributions == 0:
             with torch.no_grad():
                 model.weight -= 0.1
             session.step()
-        snapshot = run.fragments[0].published_params
-        assert snapshot is not None and snapshot in preallocated
+        outstanding = session.fragments[0].outstanding
+        assert outstanding is not None and outstanding.snapshot in preallocated
+        snapshot = outstanding.snapshot
         for name, param in model.named_parameters():
             np.testing.assert_array_equal(snapshot.arrays[name], param.detach().numpy())

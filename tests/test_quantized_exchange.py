@@ -21,6 +21,7 @@ from gradientmail.backends.quantized_payload import SCALES_SUFFIX, decode_dequan
 from gradientmail.errors import CorruptPayload, IncompatiblePayload, InvalidConfig
 from gradientmail.records import RoundRecord
 from gradientmail.session.exchange import Exchange
+from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import ContributionCounts, RunStore
 from gradientmail.syncer.rounds import replay_round
@@ -332,17 +333,24 @@ def test_a_learner_versions_behind_rebuilds_through_the_chain_of_updates(tmp_pat
         store.publish_contribution("l0", 0, version, delta, ContributionCounts(10, 40))
         syncer.run_once()
     records = [store.read_round(0, v) for v in (1, 2, 3)]
-    late = Exchange(
-        store, spec, "late", [0], lease_ttl_s=10.0, poll_interval_s=1.0, on_change=lambda: None,
-        lease_info=dict, clock=time.monotonic, anchors=[base],
-    )  # fmt: skip
-    rebuilt = late._read_commit(0, 0, records[-1])
+
+    def late_learner() -> Exchange:
+        return Exchange(
+            store, spec, "late", [LearnerFragment.joined(0, ["w"], base, 0)], lease_ttl_s=10.0, poll_interval_s=1.0,
+            on_change=lambda: None, lease_info=dict, clock=time.monotonic,
+        )  # fmt: skip
+
+    late = late_learner()
+    late.exchange_pass()
+    rebuilt = late.take_ready()[0].params
     assert payload.encode(rebuilt) == box.get(records[-1].params.key)
     assert (late.compact_fetches, late.compact_fallbacks) == (1, 0)
     assert late.bytes_fetched == sum(r.update.size_bytes for r in records if r.update is not None)
     middle = records[1].update
     assert middle is not None
     box.put(middle.key, b"not the update")
-    again = late._read_commit(0, 0, records[-1])
+    late = late_learner()
+    late.exchange_pass()
+    again = late.take_ready()[0].params
     assert payload.encode(again) == box.get(records[-1].params.key)
     assert late.compact_fallbacks == 1

@@ -18,9 +18,10 @@ import numpy as np
 
 import gradientmail as gm
 from gradientmail.backends import get_backend
-from gradientmail.polling import PollingLoop
 from gradientmail.session.exchange import Exchange
+from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.join import RunProposal, join_run
+from gradientmail.session.node_loops import LoopPass, NodeLoops
 from gradientmail.store import ContributionCounts, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.syncer.runtime import IDLE_COLLECT_MAX_S
@@ -53,25 +54,32 @@ class CountingMailbox:
 
 
 @dataclass
-class _Loop:
-    run_pass: Callable[[], None]
-    loop: PollingLoop
-    next_at: float = 0.0
-
-
-@dataclass
 class Node:
     name: str
     box: CountingMailbox
-    exchange: Exchange
-    syncer: SyncerRuntime
-    loops: list[_Loop] = field(default_factory=list)
+    store: RunStore
+    loops: NodeLoops | None = None
+    lease_info: Callable[[], dict[str, object]] = dict
+    """What the node's lease says at each renewal (a test may change it)."""
+    passes: list[LoopPass] = field(default_factory=list)
+    next_at: list[float] = field(default_factory=list)
     alive: bool = True
     lease_alive: bool = True
 
+    @property
+    def exchange(self) -> Exchange:
+        assert self.loops is not None
+        return self.loops.exchange
+
+    @property
+    def syncer(self) -> SyncerRuntime:
+        assert self.loops is not None and self.loops.syncer is not None
+        return self.loops.syncer
+
 
 class Sim:
-    """``k`` nodes of one run, their loops' passes run in due order on a fake clock."""
+    """``k`` nodes of one run, their loops' passes run in due order on a fake clock: each node is
+    the library's own wiring (``NodeLoops``), its threads never started."""
 
     def __init__(self, k: int, quorum: int = 2) -> None:
         self.clock = FakeClock()
@@ -85,51 +93,37 @@ class Sim:
         self.nodes: list[Node] = []
         for i in range(k):
             box = CountingMailbox(shared)
-            store = RunStore(box)  # type: ignore[arg-type]
-            exchange = Exchange(
-                store,
+            node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
+            node.loops = NodeLoops(
+                node.store,
                 self.spec,
-                f"l{i}",
-                [0],
-                lease_ttl_s=TTL_S,
+                node.name,
+                [LearnerFragment.joined(0, ["w"], self.anchor, 0)],
+                backend=NUMPY,
                 poll_interval_s=POLL_S,
+                idle_interval_s=None,
                 on_change=lambda: None,
-                lease_info=dict,
+                lease_info=lambda node=node: node.lease_info(),
                 clock=self.clock,
-                anchors=[self.anchor],
             )
-            syncer = SyncerRuntime(
-                store,
-                NUMPY,
-                self.spec,
-                f"l{i}",
-                poll_interval_s=POLL_S,
-                clock=self.clock,
-                on_commit=lambda fragment, version, e=exchange: e.commit_available(fragment),
-            )
-            node = Node(f"l{i}", box, exchange, syncer)
-            node.loops = [
-                _Loop(exchange._pass, exchange.loop),
-                _Loop(exchange._renew_lease, exchange._lease_loop),
-                _Loop(syncer._poll_election, syncer._election_loop),
-                _Loop(syncer._rounds_pass, syncer.loop),
-            ]
-            exchange._renew_lease()  # what start() does before the threads
-            syncer._poll_election()
+            node.loops.start(threads=False)  # the first lease renewal and election pass
+            node.passes = node.loops.passes()
+            node.next_at = [0.0] * len(node.passes)
             self.nodes.append(node)
 
     def run_until(self, end: float, until: Callable[[], bool] | None = None) -> None:
         while True:
-            due = [(loop.next_at, n, i) for n, node in enumerate(self.nodes) if node.alive for i, loop in enumerate(node.loops)]
+            due = [(at, n, i) for n, node in enumerate(self.nodes) if node.alive for i, at in enumerate(node.next_at)]
             at, n, i = min(due)
             if at > end:
                 self.clock.now = end
                 return
             self.clock.now = max(self.clock.now, at)
-            node, loop = self.nodes[n], self.nodes[n].loops[i]
-            if i != 1 or node.lease_alive:
-                loop.run_pass()
-            loop.next_at = self.clock.now + max(loop.loop.next_pause(), 1e-3)
+            node = self.nodes[n]
+            loop_pass = node.passes[i]
+            if loop_pass.name != "lease" or node.lease_alive:
+                loop_pass.run()
+            node.next_at[i] = self.clock.now + max(loop_pass.loop.next_pause(), 1e-3)
             if until is not None and until():
                 return
 
@@ -195,7 +189,7 @@ def test_a_dead_syncer_is_replaced_within_a_ttl_and_an_idle_interval():
     assert dead is not None
     sim.run_until(sim.clock.now + 5.0)
     dead.alive = False
-    last_renewal = dead.syncer.election._renewed_at
+    last_renewal = dead.syncer.election.renewed_at
     sim.run_until(last_renewal + 3 * TTL_S, until=lambda: sim.leader() is not None)
     successor = sim.leader()
     assert successor is not None and successor is not dead
@@ -228,15 +222,15 @@ def test_a_contribution_from_another_process_is_committed_and_fetched_in_time():
     assert leader is not None
     other = next(node for node in sim.nodes if node is not leader)
     delta = {"w": np.full(8, 0.5, np.float32)}
-    other.exchange._store.publish_contribution(other.name, 0, 0, delta, ContributionCounts(steps=4, samples=4))
+    other.store.publish_contribution(other.name, 0, 0, delta, ContributionCounts(steps=4, samples=4))
     published_at = sim.clock.now
     sim.run_until(published_at + 10.0, until=lambda: leader.syncer.commits > 0)
     assert leader.syncer.commits == 1
     assert sim.clock.now - published_at <= IDLE_COLLECT_MAX_S + POLL_S
     third = next(node for node in sim.nodes if node not in (leader, other))
     committed_at = sim.clock.now
-    sim.run_until(committed_at + 10.0, until=lambda: third.exchange._known[0] == 1)
-    assert third.exchange._known[0] == 1
+    sim.run_until(committed_at + 10.0, until=lambda: third.exchange.known_versions[0] == 1)
+    assert third.exchange.known_versions[0] == 1
     assert sim.clock.now - committed_at <= IDLE_S + POLL_S
 
 
@@ -250,10 +244,10 @@ def test_the_syncer_lists_at_the_regular_pace_when_a_lease_says_a_contribution_i
     assert leader is not None
     other = next(node for node in sim.nodes if node is not leader)
     due_at = sim.clock.now + 20.0
-    other.exchange._lease_info = lambda: {"due_in_s": due_at - sim.clock.now} if due_at > sim.clock.now else {}
+    other.lease_info = lambda: {"due_in_s": due_at - sim.clock.now} if due_at > sim.clock.now else {}
     sim.run_until(due_at)
     delta = {"w": np.full(8, 0.5, np.float32)}
-    other.exchange._store.publish_contribution(other.name, 0, 0, delta, ContributionCounts(steps=4, samples=4))
+    other.store.publish_contribution(other.name, 0, 0, delta, ContributionCounts(steps=4, samples=4))
     sim.run_until(due_at + 10.0, until=lambda: leader.syncer.commits > 0)
     assert leader.syncer.commits == 1 and sim.clock.now - due_at <= POLL_S + 1e-9
     sim.run_until(sim.clock.now + IDLE_S + 5.0)  # the window's tail and the backoff's ramp
@@ -265,10 +259,10 @@ def test_the_syncer_lists_at_the_regular_pace_when_a_lease_says_a_contribution_i
 def test_a_learner_lease_says_when_its_next_contribution_is_due():
     model = {"w": np.zeros(4, np.float32)}
     with gm.Session(model, algorithm=gm.DiLoCo(sync_every=10), mailbox=gm.MemoryMailbox(), backend="numpy") as session:
-        assert "due_in_s" not in session._lease_info()  # no step time yet
+        assert "due_in_s" not in session.lease_info()  # no step time yet
         session.step()
         session.step()
-        info = session._lease_info()
+        info = session.lease_info()
         assert isinstance(info["due_in_s"], float) and info["due_in_s"] >= 0
 
 
@@ -283,19 +277,19 @@ def test_a_round_waits_for_quorum_when_the_live_set_was_read_before_a_learner_ca
     other = next(node for node in sim.nodes if node is not leader)
     other.lease_alive = False
     sim.run_until(sim.clock.now + 2 * TTL_S)  # its lease expires; the leader sees only itself
-    read_at = leader.syncer._leases_at
-    sim.run_until(sim.clock.now + TTL_S, until=lambda: leader.syncer._leases_at > read_at)
+    read_at = leader.syncer.leases_read_at
+    sim.run_until(sim.clock.now + TTL_S, until=lambda: leader.syncer.leases_read_at > read_at)
     assert set(leader.syncer.live) == {leader.name}
     other.lease_alive = True
-    other.exchange._renew_lease()  # back just after the leader's read, as its lease thread would be
+    other.exchange.renew_lease()  # back just after the leader's read, as its lease thread would be
     sim.run_until(sim.clock.now + 3 * POLL_S)  # the leader's view is now older than a poll
     delta = {"w": np.full(8, 0.5, np.float32)}
     counts = ContributionCounts(steps=4, samples=4)
-    leader.exchange._store.publish_contribution(leader.name, 0, 0, delta, counts)
+    leader.store.publish_contribution(leader.name, 0, 0, delta, counts)
     sim.run_until(sim.clock.now + 2.0, until=lambda: leader.syncer.commits > 0)
     assert leader.syncer.commits == 0, "a quorum-2 round closed on one contribution"
-    other.exchange._store.publish_contribution(other.name, 0, 0, delta, counts)
+    other.store.publish_contribution(other.name, 0, 0, delta, counts)
     sim.run_until(sim.clock.now + 10.0, until=lambda: leader.syncer.commits > 0)
     assert leader.syncer.commits == 1
-    record = leader.exchange._store.read_round(0, 1)
+    record = leader.store.read_round(0, 1)
     assert sorted(p.learner for p in record.participants) == sorted([leader.name, other.name])

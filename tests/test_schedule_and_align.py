@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gradientmail.algorithms import schedule
-from gradientmail.algorithms.align import aligned_parameters, pseudo_gradient
+from gradientmail.algorithms import align, schedule
+from gradientmail.algorithms.align import AlignAction, WorkMark, aligned_parameters, plan_alignment, pseudo_gradient
 from gradientmail.algorithms.fragments import due_fragments
 from gradientmail.backends import Backend, get_backend
 from tests.backend_params import BACKENDS, tensor, values
@@ -48,11 +48,53 @@ def backend(request: pytest.FixtureRequest) -> Backend:
     return get_backend(request.param)
 
 
-def test_pseudo_gradient_is_anchor_minus_local_in_the_travel_dtype(backend: Backend):
-    anchor, local = {"w": tensor(backend, [1.0, 2.0, 3.0])}, {"w": tensor(backend, [0.5, 2.5, 3.0])}
-    delta = pseudo_gradient(backend, anchor, local, lambda name: "bfloat16")
-    assert backend.dtype_name(delta["w"]) == "bfloat16"
-    np.testing.assert_array_equal(values(backend, delta["w"]), [0.5, -0.5, 0.0])
+def test_pseudo_gradient_is_anchor_minus_local_in_the_travel_dtype():
+    anchor, local = {"w": np.array([1.0, 2.0, 3.0], np.float32)}, {"w": np.array([0.5, 2.5, 3.0], np.float32)}
+    delta = pseudo_gradient(anchor, local, lambda name: "bfloat16")
+    assert delta["w"].dtype.name == "bfloat16"
+    np.testing.assert_array_equal(delta["w"].astype(np.float32), [0.5, -0.5, 0.0])
+    fp32 = pseudo_gradient(anchor, local, lambda name: "float32")
+    assert fp32["w"].dtype == np.float32
+
+
+def test_a_commit_merged_our_contribution_only_if_its_round_lists_us_and_ours_was_on_its_base():
+    assert align.contribution_merged(True, published_base=4, commit_base=4)
+    assert not align.contribution_merged(False, published_base=4, commit_base=4)  # the round did not take it
+    assert not align.contribution_merged(True, published_base=3, commit_base=4)  # ours went to another round
+    assert not align.contribution_merged(True, published_base=None, commit_base=4)  # none outstanding
+
+
+def test_an_alignment_carries_the_unmerged_work_from_where_it_began():
+    """INV-9: the plan says where unmerged work begins and whether it is carried, replaced or dropped."""
+    now, published, earlier = WorkMark(30, 300), WorkMark(20, 200), WorkMark(5, 50)
+    merged = plan_alignment(carry=True, merged_at=published, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    assert merged.action is AlignAction.CARRY and merged.unmerged_from == published and merged.dropped is None
+    not_merged = plan_alignment(carry=True, merged_at=None, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    assert not_merged.action is AlignAction.CARRY and not_merged.unmerged_from == earlier
+    waited = plan_alignment(carry=True, merged_at=now, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    assert waited.action is AlignAction.REPLACE and waited.unmerged_from == now  # nothing trained since the publish
+    too_long = plan_alignment(carry=True, merged_at=None, unmerged_from=earlier, now=now, carry_limit_steps=10)
+    assert too_long.action is AlignAction.DROP and too_long.unmerged_from == now
+    assert too_long.dropped == WorkMark(25, 250)
+    plain = plan_alignment(carry=False, merged_at=published, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    assert plain.action is AlignAction.REPLACE and plain.unmerged_from == now  # the guide's rule: the commit replaces
+
+
+def test_the_carry_correction_is_the_commit_minus_where_the_work_began_in_fp32():
+    committed = {"w": np.array([1.0, 2.0], np.float32)}
+    start = {"w": np.array([0.25, 3.0], np.float16)}
+    correction = align.carry_correction(committed, start)
+    assert correction["w"].dtype == np.float32
+    np.testing.assert_array_equal(correction["w"], [0.75, -1.0])
+    local = np.array([0.5, 2.5], np.float32)  # θ + (θ_commit − θ_start) = θ_commit − (θ_start − θ)
+    np.testing.assert_array_equal(local + correction["w"], committed["w"] - (start["w"].astype(np.float32) - local))
+
+
+def test_the_exchange_computes_a_correction_ahead_only_when_the_learner_will_carry():
+    assert align.expects_correction(carry=True, merged=False, overlap_steps=0)
+    assert align.expects_correction(carry=True, merged=True, overlap_steps=None)
+    assert not align.expects_correction(carry=True, merged=True, overlap_steps=0)  # it waited at its publish
+    assert not align.expects_correction(carry=False, merged=False, overlap_steps=None)
 
 
 def test_aligning_replaces_or_mixes(backend: Backend):

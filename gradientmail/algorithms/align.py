@@ -1,33 +1,149 @@
-"""The learner's two pieces of arithmetic: the delta it publishes and the parameters it aligns to.
+"""The learner's rule, in one place: the delta it publishes, whether a commit merged it, where
+its unmerged work begins, and what aligning with a commit does to its parameters.
 
-Written once against :class:`~gradientmail.backends.Backend`, so PyTorch and MLX learners
-compute them alike.
+Pure functions. The exchange thread calls :func:`pseudo_gradient`, :func:`contribution_merged`
+and :func:`carry_correction` (the decision and the arithmetic, off the training thread); the
+training thread calls :func:`plan_alignment` and applies the plan, with the correction the
+exchange computed or, when it has none, :func:`carry_correction` itself. docs/session.md
+("Carrying unmerged work") states the rule; INV-9 of docs/protocol.md is what it keeps.
+
+The delta and the correction work on host (NumPy) arrays: the exchange only ever holds host
+copies, and the same IEEE fp32 operations give the same bits as any backend computing them.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
 
 from gradientmail.backends import Backend, Tensor
+from gradientmail.backends.payload import numpy_dtype
 
-__all__ = ["aligned_parameters", "carried_parameters", "pseudo_gradient"]
+__all__ = [
+    "AlignAction",
+    "AlignmentPlan",
+    "WorkMark",
+    "aligned_parameters",
+    "carry_correction",
+    "contribution_merged",
+    "expects_correction",
+    "plan_alignment",
+    "pseudo_gradient",
+]
+
+
+@dataclass(frozen=True)
+class WorkMark:
+    """A point in a learner's count of local work: the steps and samples trained so far."""
+
+    steps: int = 0
+    samples: int = 0
+
+    def since(self, start: WorkMark) -> WorkMark:
+        """The work trained from ``start`` to this mark."""
+        return WorkMark(self.steps - start.steps, self.samples - start.samples)
 
 
 def pseudo_gradient(
-    backend: Backend, anchor: Mapping[str, Tensor], local: Mapping[str, Tensor], dtype_of: Callable[[str], str]
-) -> dict[str, Tensor]:
+    anchor: Mapping[str, np.ndarray], local: Mapping[str, np.ndarray], dtype_of: Callable[[str], str]
+) -> dict[str, np.ndarray]:
     """Δ = anchor − local for every tensor of a fragment, in the dtype it travels in.
 
-    Computed in fp32, then cast (``dtype_of(name)``: the run's ``delta_dtype`` or the
-    parameter's own).
+    Computed in fp32 on host arrays, then cast (``dtype_of(name)``: the run's ``delta_dtype``
+    or the parameter's own); fp32 deltas are not copied again.
     """
-    return {name: backend.cast(backend.sub(anchor[name], local[name]), dtype_of(name)) for name in anchor}
+    delta: dict[str, np.ndarray] = {}
+    for name, base in anchor.items():
+        difference = np.subtract(np.asarray(base, dtype=np.float32), np.asarray(local[name], dtype=np.float32))
+        dtype = numpy_dtype(dtype_of(name))
+        delta[name] = difference if dtype == np.float32 else difference.astype(dtype)
+    return delta
+
+
+def contribution_merged(round_lists_ours: bool, published_base: int | None, commit_base: int) -> bool:
+    """Whether the commit built on ``commit_base`` merged the learner's outstanding contribution.
+
+    ``round_lists_ours``: the round built on ``commit_base`` lists a contribution of this
+    learner; ``published_base``: the version its outstanding contribution was taken against
+    (None: none is outstanding). The one decision every "was our work merged?" uses: where
+    the learner's unmerged work begins, the start of the carry correction, when the fragment
+    is next due, and whether an error-feedback residual is kept.
+    """
+    return round_lists_ours and published_base == commit_base
+
+
+class AlignAction(enum.Enum):
+    """What aligning with a commit does to a fragment's parameters."""
+
+    REPLACE = "replace"
+    """Write the commit (blended with the local values under ``mixing`` when not carrying)."""
+    CARRY = "carry"
+    """θ ← θ_commit − (θ_start − θ): add the carry correction θ_commit − θ_start in place."""
+    DROP = "drop"
+    """The unmerged work spans more than ``max_carried_steps``: write the commit and report the
+    dropped work (reason ``carry_limit``) with the next contribution."""
+
+
+@dataclass(frozen=True)
+class AlignmentPlan:
+    action: AlignAction
+    unmerged_from: WorkMark
+    """Where the fragment's unmerged work begins once aligned."""
+    dropped: WorkMark | None = None
+    """The work a ``DROP`` discards (steps and samples), for its ``Realignment``."""
+
+
+def plan_alignment(
+    *, carry: bool, merged_at: WorkMark | None, unmerged_from: WorkMark, now: WorkMark, carry_limit_steps: int
+) -> AlignmentPlan:
+    """The alignment with a commit, from the learner's counts.
+
+    ``carry``: the learner's ``carry_unmerged``; ``merged_at``: where the contribution the
+    commit merged was taken (None when it merged nothing of ours); ``unmerged_from``: where the
+    fragment's unmerged work begins now. Without carrying, the commit replaces the local work
+    and unmerged work begins again now. Carrying, it begins where the merged contribution
+    ended (or stays where it was), and is carried unless it is empty or longer than
+    ``carry_limit_steps``.
+    """
+    if not carry:
+        return AlignmentPlan(AlignAction.REPLACE, now)
+    start = merged_at if merged_at is not None else unmerged_from
+    span = now.since(start)
+    if span.steps > carry_limit_steps:
+        return AlignmentPlan(AlignAction.DROP, now, dropped=span)
+    if span.steps == 0:
+        return AlignmentPlan(AlignAction.REPLACE, start)
+    return AlignmentPlan(AlignAction.CARRY, start)
+
+
+def expects_correction(carry: bool, merged: bool, overlap_steps: int | None) -> bool:
+    """Whether the exchange should compute a commit's carry correction ahead of the alignment:
+    whenever the learner carries, except when the commit merged its contribution under
+    ``overlap_steps = 0`` (the learner waited at its publish, so nothing is left to carry)."""
+    return carry and not (merged and overlap_steps == 0)
+
+
+def carry_correction(committed: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """θ_commit − θ_start in fp32, for every tensor of the commit.
+
+    ``start`` is where the unmerged work began: the parameters the merged contribution was
+    taken at, or the anchor when the commit merged nothing of this learner's. Added to the
+    live parameters it gives θ_commit − (θ_start − θ): the learner's next delta against the
+    commit is then exactly that work plus what it trains next (DiLoCo.carry_unmerged).
+    """
+    return {
+        name: np.subtract(np.asarray(value, dtype=np.float32), np.asarray(start[name], dtype=np.float32))
+        for name, value in committed.items()
+    }
 
 
 def aligned_parameters(
     backend: Backend, local: Mapping[str, Tensor], committed: Mapping[str, Tensor], mixing: float
 ) -> Mapping[str, Tensor]:
-    """What a fragment's parameters become when the learner aligns with a commit.
+    """What a fragment's parameters become when a learner that does not carry aligns.
 
     ``mixing = 0`` (the guide's default) replaces them with the committed values; ``α > 0``
     keeps a share of the local ones, θ ← α·θ_local + (1 − α)·θ_commit (Streaming DiLoCo).
@@ -37,16 +153,3 @@ def aligned_parameters(
     return {
         name: backend.add(backend.scale(local[name], mixing), backend.scale(committed[name], 1 - mixing)) for name in committed
     }
-
-
-def carried_parameters(
-    backend: Backend, committed: Mapping[str, Tensor], start: Mapping[str, Tensor], local: Mapping[str, Tensor]
-) -> dict[str, Tensor]:
-    """A commit with the learner's unmerged work carried onto it: θ_commit − (θ_start − θ_local).
-
-    ``start`` is where the unmerged work began: the anchor when the commit merged nothing of
-    this learner's, or the parameters it published when it merged that contribution. The
-    learner's next delta against the commit (θ_commit − θ) is then exactly that work plus
-    what it trains next, so nothing it trained is lost (DiLoCo.carry_unmerged).
-    """
-    return {name: backend.sub(committed[name], backend.sub(start[name], local[name])) for name in committed}

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from gradientmail.backends import payload
+from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import isotropic_exact_array, isotropic_fast_array
 
 Tensor = Any
@@ -44,6 +45,12 @@ class Backend(ABC):
     """Tensor operations for one framework. Arithmetic methods return fp32 tensors."""
 
     name: str
+    reuses_host_buffers: bool = False
+    """Whether a fragment's host snapshots are preallocated once and refilled from publish to
+    publish (PyTorch, NumPy); otherwise each snapshot is a fresh copy (MLX)."""
+    training_thread_only: bool = False
+    """Whether the framework's tensors may be touched only by the thread that trains (MLX):
+    a node's background work (the syncer's merges) then computes in NumPy."""
 
     # -- recognising the framework -------------------------------------------------
     @abstractmethod
@@ -209,6 +216,22 @@ class Backend(ABC):
     @abstractmethod
     def write_parameters(self, model: Any, values: Mapping[str, Tensor]) -> None:
         """Overwrite the named parameters in place, casting to each parameter's dtype."""
+
+    def add_in_place(self, model: Any, corrections: Mapping[str, np.ndarray]) -> None:
+        """θ += correction for each named parameter (fp32 arithmetic, the parameter's dtype):
+        how alignment carries unmerged work onto a commit without a copy of the fragment."""
+        live = dict(self.named_parameters(model))
+        self.write_parameters(model, {name: self.add(live[name], self.from_numpy(c)) for name, c in corrections.items()})
+
+    # -- host snapshots (see gradientmail.backends.host) ------------------------------
+    def new_host_buffer(self, live: Mapping[str, Tensor], names: Sequence[str]) -> HostBuffer:
+        """A host snapshot of ``names``, filled (the generic form: a fresh copy of each)."""
+        return HostBuffer({name: self.to_numpy(self.copy(live[name])) for name in names})
+
+    def fill_host_buffer(self, buffer: HostBuffer, live: Mapping[str, Tensor], names: Sequence[str]) -> None:
+        """Copy the live parameters into a reusable buffer (no allocation)."""
+        for name in names:
+            np.copyto(buffer.arrays[name], np.asarray(self.to_numpy(live[name])))
 
     @abstractmethod
     def copy(self, tensor: Tensor) -> Tensor:

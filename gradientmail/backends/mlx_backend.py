@@ -42,6 +42,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 class MlxBackend(Backend):
     name = "mlx"
+    training_thread_only = True
 
     def owns(self, obj: object) -> bool:
         return isinstance(obj, (mx.array, nn.Module))

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from gradientmail.backends.base import Backend, Tensor
+from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import (
     KERNEL_CHUNK,
     combine_arrays,
@@ -26,6 +27,7 @@ from gradientmail.backends.payload import FLOAT_DTYPES, dtype_name_of, numpy_dty
 
 class NumpyBackend(Backend):
     name = "numpy"
+    reuses_host_buffers = True
 
     def owns(self, obj: object) -> bool:
         if isinstance(obj, np.ndarray):
@@ -132,3 +134,15 @@ class NumpyBackend(Backend):
         for name, value in values.items():
             target = model[name]
             target[...] = np.asarray(value).astype(target.dtype)
+
+    def add_in_place(self, model: Any, corrections: Mapping[str, np.ndarray]) -> None:
+        live = dict(self.named_parameters(model))
+        for name, correction in corrections.items():
+            target = live[name]
+            if target.dtype == np.float32:
+                np.add(target, correction, out=target)
+            else:
+                target[...] = (target.astype(np.float32) + correction).astype(target.dtype)
+
+    def new_host_buffer(self, live: Mapping[str, Tensor], names: Sequence[str]) -> HostBuffer:
+        return HostBuffer({name: np.array(live[name], copy=True) for name in names})

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from gradientmail.backends.base import Backend, Tensor
+from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import (
     CUBIC,
     QUINTIC,
@@ -152,6 +153,7 @@ def isotropic_fast_tensor(tensor: torch.Tensor, *, ns_steps: int, polish_steps: 
 
 class TorchBackend(Backend):
     name = "torch"
+    reuses_host_buffers = True
 
     def owns(self, obj: object) -> bool:
         return isinstance(obj, (torch.Tensor, torch.nn.Module))
@@ -292,3 +294,33 @@ class TorchBackend(Backend):
             for name, value in values.items():
                 target = live[name]
                 target.copy_(value.to(device=target.device, dtype=target.dtype))
+
+    def add_in_place(self, model: Any, corrections: Mapping[str, np.ndarray]) -> None:
+        live = dict(self.named_parameters(model))
+        with torch.no_grad():
+            for name, correction in corrections.items():
+                param = live[name]
+                param.add_(torch.from_numpy(correction).to(param.device))
+
+    def new_host_buffer(self, live: Mapping[str, Tensor], names: Sequence[str]) -> HostBuffer:
+        """Preallocated CPU tensors sharing their memory with the buffer's arrays (pinned for
+        accelerator parameters, so the copy overlaps), filled."""
+        targets: dict[str, object] = {}
+        arrays: dict[str, np.ndarray] = {}
+        for name in names:
+            param = live[name]
+            target = torch.empty(param.shape, dtype=param.dtype, device="cpu", pin_memory=param.device.type == "cuda")
+            targets[name], arrays[name] = target, self.to_numpy(target)  # shares the memory
+        buffer = HostBuffer(arrays, targets)
+        self.fill_host_buffer(buffer, live, names)
+        return buffer
+
+    def fill_host_buffer(self, buffer: HostBuffer, live: Mapping[str, Tensor], names: Sequence[str]) -> None:
+        if not buffer.targets:
+            super().fill_host_buffer(buffer, live, names)
+            return
+        with torch.no_grad():
+            for name in names:
+                target = buffer.targets[name]
+                assert isinstance(target, torch.Tensor)
+                target.copy_(live[name].detach())

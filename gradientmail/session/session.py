@@ -18,19 +18,17 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-import numpy as np
-
-from gradientmail.algorithms import schedule
-from gradientmail.algorithms.align import aligned_parameters, carried_parameters
+from gradientmail.algorithms import align, schedule
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, Tensor, backend_for, get_backend
 from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, open_mailbox
-from gradientmail.records import Realignment, check_learner_id, default_learner_id, keys
+from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
-from gradientmail.session.exchange import Commit, Exchange, HostBuffer, Publication
+from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.join import RunProposal, join_run
-from gradientmail.store import ContributionCounts, LeaseObserver, Retention, RunSpec, RunStore
+from gradientmail.session.node_loops import NodeLoops
+from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry
 
@@ -38,8 +36,6 @@ __all__ = ["Session", "SessionOptions", "SessionStats"]
 
 log = logging.getLogger(__name__)
 
-_REUSABLE = ("torch", "numpy")
-"""Backends whose snapshots go into preallocated host buffers, reused from publish to publish."""
 _FLUSH_ATTEMPTS = 3
 """Final contributions published at close when a round closes without the previous ones."""
 
@@ -101,45 +97,12 @@ class SyncerWatch:
         if now - self._checked_at >= self._poll_interval_s:
             self._checked_at = now
             try:
-                found = self._store.read_lease(keys.SYNCER_LEASE)
+                found = self._store.read_syncer_lease()
             except GradientMailError:
                 return False  # the store hiccuped: no evidence either way
-            dead = found is None or self._observer.expired(keys.SYNCER_LEASE, found)
+            dead = found is None or self._observer.expired(LeaseName.SYNCER, found)
             self._gone_since = (self._gone_since or now) if dead else None
         return self._gone_since is not None and now - self._gone_since >= self._ttl_s
-
-
-@dataclass
-class _Fragment:
-    """The learner's bookkeeping for one fragment."""
-
-    names: tuple[str, ...]
-    anchor: Mapping[str, np.ndarray]
-    """The committed parameters the learner is aligned with, as host arrays (never written)."""
-    anchor_version: int
-    anchor_step: int = 0
-    """Local step at which the learner aligned with ``anchor_version``."""
-    align_step: int = 0
-    """Local step where the fragment's unmerged work begins (before ``anchor_step`` when work
-    was carried across the alignment)."""
-    align_samples: int = 0
-    published_step: int | None = None
-    """Local step at which our contribution against ``anchor_version`` went out, if any."""
-    published_samples: int = 0
-    published_params: HostBuffer | None = None
-    """The parameters the published delta ended at: where work after it begins."""
-    published_serial: int = 0
-    buffers: list[HostBuffer] = field(default_factory=list)
-    """Host snapshots of this fragment, reused from publish to publish."""
-    realigned: list[Realignment] = field(default_factory=list)
-    """Work dropped since the last merged contribution, reported with the next one."""
-    deferred: bool = False
-    """Due while ``in_flight`` was exhausted: publish as soon as a slot frees."""
-    half_period_pending: bool = False
-    due_step: int = 0
-    """The local step at which the schedule next asks for this fragment: the staircase at first,
-    then ``sync_every`` steps after each alignment (the learner follows the run's rounds)."""
-    """Due with less than half a period trained (quorum of one): publish once it has that much."""
 
 
 @dataclass
@@ -147,11 +110,10 @@ class _Running:
     """Everything that exists only between ``open()`` and ``close()``."""
 
     spec: RunSpec
-    fragments: list[_Fragment]
+    fragments: list[LearnerFragment]
     next_due: int
     """The earliest ``due_step`` of any fragment: what ``step()`` compares against."""
-    exchange: Exchange
-    syncer: SyncerRuntime | None
+    loops: NodeLoops
     open: bool = True
     """False once closed; the rest stays readable (byte counts, the spec)."""
 
@@ -225,7 +187,6 @@ class Session:
         self._last_step_at: float | None = None
         self._step_time_s: float | None = None
         self._run: _Running | None = None
-        self._serial = 0
 
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:
@@ -247,46 +208,30 @@ class Session:
             record = self._store.read_round(fragment, newest)
             committed = self._store.read_params(spec, record)
             self.backend.write_parameters(self.model, self._tensors(committed))
-            fragments.append(_Fragment(names, committed, record.version))
+            fragments.append(LearnerFragment.joined(fragment, names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
         self.stats.dropped_at_close = [0] * len(fragments)
-        exchange = Exchange(
+        loops = NodeLoops(
             self._store,
             spec,
             self.learner_id,
-            list(self.stats.versions),
-            lease_ttl_s=spec.lease_ttl_s,
+            fragments,
+            backend=self.backend,
             poll_interval_s=self.options.poll_interval_s,
             idle_interval_s=self._idle_interval_s(),
             on_change=self._notify,
-            lease_info=self._lease_info,
+            lease_info=self.lease_info,
             clock=time.monotonic,
-            anchors=[f.anchor for f in fragments],
-            on_published=self._contribution_published,
             algorithm=self.algorithm,
+            run_syncer=self.options.run_syncer,
         )
-        syncer = None
-        if self.options.run_syncer:
-            # MLX is only touched by the training thread: an MLX node's syncer merges in NumPy
-            syncer_backend = self.backend if self.backend.name != "mlx" else get_backend("numpy")
-            syncer = SyncerRuntime(
-                self._store,
-                syncer_backend,
-                spec,
-                self.learner_id,
-                poll_interval_s=self.options.poll_interval_s,
-                idle_interval_s=self._idle_interval_s(),
-                on_commit=lambda fragment, version: exchange.commit_available(fragment),
-            )
         live = dict(self.backend.named_parameters(self.model))
-        for index, state in enumerate(fragments):
-            state.due_step = schedule.first_due_step(index, len(fragments), self.algorithm.sync_every)
-            if self.backend.name in _REUSABLE:  # allocated (and paged in) now, not at the first publish
-                state.buffers.append(new_buffer(self.backend, live, state.names))
-        self._run = _Running(spec, fragments, min(f.due_step for f in fragments), exchange, syncer)
-        exchange.start()
-        if syncer is not None:
-            syncer.start()
+        for state in fragments:
+            state.due_step = schedule.first_due_step(state.index, len(fragments), self.algorithm.sync_every)
+            if self.backend.reuses_host_buffers:  # allocated (and paged in) now, not at the first publish
+                state.buffers.append(self.backend.new_host_buffer(live, state.names))
+        self._run = _Running(spec, fragments, min(f.due_step for f in fragments), loops)
+        loops.start()
         telemetry.attach_session(self)  # observable instruments read self.stats; step() does nothing more
 
     # -- the hot path --------------------------------------------------------------
@@ -318,7 +263,7 @@ class Session:
         idle = self.options.idle_poll_interval_s
         return self.options.poll_interval_s if idle is None else idle
 
-    def _lease_info(self) -> dict[str, object]:
+    def lease_info(self) -> dict[str, object]:
         """Progress shown in this learner's lease (read by the CLI and telemetry), and when its
         next contribution is due: ``due_in_s``, seconds from the renewal at its current step
         time (the elected syncer lists contributions at the regular pace around then; a hint
@@ -335,12 +280,6 @@ class Session:
             info["due_in_s"] = round((run.next_due - self.stats.steps) * self._step_time_s, 3)
         return info
 
-    def _contribution_published(self, fragment: int) -> None:
-        """On the exchange thread, after an upload: the syncer in this process looks now."""
-        run = self._run
-        if run is not None and run.syncer is not None:
-            run.syncer.contribution_published(fragment)
-
     def _notify(self) -> None:
         self._attention = True
         with self._changed:
@@ -353,13 +292,13 @@ class Session:
         for fragment in sorted(due):
             self._publish(run, fragment, final=False)
         for fragment, state in enumerate(run.fragments):
-            if state.published_step is not None and schedule.must_wait_for_commit(
-                self.stats.steps - state.published_step, self.algorithm.overlap_steps
+            if state.outstanding is not None and schedule.must_wait_for_commit(
+                self.stats.steps - state.outstanding.taken_at.steps, self.algorithm.overlap_steps
             ):
                 self._wait_for_commit(run, fragment, state.anchor_version)
         waits = self.algorithm.overlap_steps is not None
-        if run.exchange.open_rounds or any(
-            (waits and f.published_step is not None) or f.deferred or f.half_period_pending for f in run.fragments
+        if run.loops.exchange.open_rounds or any(
+            (waits and f.outstanding is not None) or f.deferred or f.half_period_pending for f in run.fragments
         ):
             # keep checking every step while a count of steps decides something: a wait under
             # overlap_steps, a deferred or half-period publish, joining an open round (a commit
@@ -374,14 +313,14 @@ class Session:
             if state.due_step > steps:
                 continue
             state.due_step += every * (1 + (steps - state.due_step) // every)  # the same step of the next period
-            action = schedule.on_schedule(steps - state.align_step, every, self.algorithm.quorum_size)
+            action = schedule.on_schedule(steps - state.unmerged_from.steps, every, self.algorithm.quorum_size)
             if action is schedule.OnSchedule.PUBLISH:
                 due.add(fragment)
             elif action is schedule.OnSchedule.PUBLISH_AT_HALF_PERIOD:
                 state.half_period_pending = True
         run.next_due = min(f.due_step for f in run.fragments)
         half = schedule.half_period(every)
-        due.update(i for i, f in enumerate(run.fragments) if f.half_period_pending and steps - f.align_step >= half)
+        due.update(i for i, f in enumerate(run.fragments) if f.half_period_pending and steps - f.unmerged_from.steps >= half)
         return due
 
     def _joining(self, run: _Running) -> set[int]:
@@ -389,115 +328,90 @@ class Session:
         every, quorum = self.algorithm.sync_every, self.algorithm.quorum_size
         return {
             fragment
-            for fragment, version in run.exchange.open_rounds.items()
+            for fragment, version in run.loops.exchange.open_rounds.items()
             if version == run.fragments[fragment].anchor_version
-            and schedule.joins_open_round(self.stats.steps - run.fragments[fragment].align_step, every, quorum)
+            and schedule.joins_open_round(self.stats.steps - run.fragments[fragment].unmerged_from.steps, every, quorum)
         }
 
     def _align_ready(self, run: _Running) -> None:
-        for commit in run.exchange.take_ready().values():
+        for commit in run.loops.exchange.take_ready().values():
             self._align(run, commit)
 
     def _align(self, run: _Running, commit: Commit) -> None:
+        """Align a fragment with a commit, by the plan of ``align.plan_alignment`` on the
+        exchange's decision of whether the commit merged our contribution (``commit.merged``)."""
         state = run.fragments[commit.fragment]
         if commit.version <= state.anchor_version:
             return
-        merged = commit.ours_merged and state.published_step is not None and commit.base_version == state.anchor_version
-        published_step = state.published_step
-        if self.algorithm.carry_unmerged:
-            self._carry(state, merged, commit)
-        else:  # the guide's behaviour: the commit replaces (or, with mixing, blends with) the local work
-            local = self.backend.read_parameters(self.model, state.names) if self.algorithm.mixing > 0 else {}
-            aligned = aligned_parameters(self.backend, local, self._tensors(commit.params), self.algorithm.mixing)
-            self.backend.write_parameters(self.model, aligned)
-            state.align_step, state.align_samples = self.stats.steps, self.stats.samples
+        merged = commit.merged
+        now = align.WorkMark(self.stats.steps, self.stats.samples)
+        plan = align.plan_alignment(
+            carry=self.algorithm.carry_unmerged,
+            merged_at=merged.taken_at if merged is not None else None,
+            unmerged_from=state.unmerged_from,
+            now=now,
+            carry_limit_steps=self.algorithm.carry_limit_steps,
+        )
+        if merged is not None:
+            state.realigned.clear()  # the merged contribution reported them
+        if plan.dropped is not None:
+            state.realigned.append(
+                Realignment(
+                    steps=plan.dropped.steps, samples=plan.dropped.samples, reason="carry_limit", at_version=commit.version
+                )
+            )
+        self._apply(state, commit, plan.action)
+        state.unmerged_from = plan.unmerged_from
         state.anchor, state.anchor_version, state.anchor_step = commit.params, commit.version, self.stats.steps
-        state.published_step, state.published_params = None, None
-        state.due_step = schedule.next_due(self.stats.steps, published_step if merged else None, self.algorithm.sync_every)
+        state.outstanding = None
+        state.due_step = schedule.next_due(
+            self.stats.steps, merged.taken_at.steps if merged is not None else None, self.algorithm.sync_every
+        )
         state.half_period_pending = False
         run.next_due = min(f.due_step for f in run.fragments)
         self.stats.alignments += 1
         self.stats.versions[commit.fragment] = commit.version
 
-    def _carry(self, state: _Fragment, merged: bool, commit: Commit) -> None:
-        """Align with a commit while carrying the work it did not merge: θ ← θ_commit − (θ_start − θ).
-
-        If the commit merged our contribution, the unmerged work is what we trained since
-        publishing it (θ_start: the published snapshot); otherwise all we trained since our work
-        was last merged (θ_start: the anchor). Work spanning more than ``max_carried_steps`` is
-        dropped instead and reported with the next contribution. The exchange thread has
-        usually computed θ_commit − θ_start already; then this adds it to θ in place.
-        """
-        if merged:
-            assert state.published_params is not None and state.published_step is not None
-            start: Mapping[str, np.ndarray] = state.published_params.arrays
-            source = ("published", state.published_serial)
-            state.align_step, state.align_samples = state.published_step, state.published_samples
-            state.realigned.clear()  # the merged contribution reported them
-        else:
-            start, source = state.anchor, ("anchor", state.anchor_version)
-        span = self.stats.steps - state.align_step
-        if span > self.algorithm.carry_limit_steps:
-            state.realigned.append(
-                Realignment(
-                    steps=span,
-                    samples=self.stats.samples - state.align_samples,
-                    reason="carry_limit",
-                    at_version=commit.version,
-                )
-            )
-            state.align_step, state.align_samples = self.stats.steps, self.stats.samples
+    def _apply(self, state: LearnerFragment, commit: Commit, action: align.AlignAction) -> None:
+        """Write the model's side of an alignment: the commit (blended under ``mixing`` when not
+        carrying), or the commit with the unmerged work carried onto it, θ ← θ + (θ_commit − θ_start),
+        adding the correction the exchange computed (or computing it here when it has none)."""
+        if action is align.AlignAction.CARRY:
+            correction = commit.correction
+            if correction is None:
+                start = commit.carry_start if commit.carry_start is not None else state.anchor
+                correction = align.carry_correction(commit.params, start)
+            self.backend.add_in_place(self.model, correction)
+        elif self.algorithm.carry_unmerged or self.algorithm.mixing == 0:
             self.backend.write_parameters(self.model, self._tensors(commit.params))
-            return
-        if span == 0:
-            self.backend.write_parameters(self.model, self._tensors(commit.params))
-            return
-        if commit.correction is not None and commit.correction_from == source:
-            add_in_place(self.backend, self.model, commit.correction)
-            return
-        # the exchange guessed another start (a race with this thread): compute it here
-        local = self.backend.read_parameters(self.model, state.names)
-        aligned = carried_parameters(self.backend, self._tensors(commit.params), self._tensors(start), local)
-        self.backend.write_parameters(self.model, aligned)
-
-    def _snapshot(self, state: _Fragment) -> HostBuffer:
-        """The fragment's parameters copied to host memory, into a buffer the exchange no longer
-        reads (one device→host copy; the only work a contribution costs this thread)."""
-        live = dict(self.backend.named_parameters(self.model))
-        for buffer in state.buffers:
-            if not buffer.held and buffer is not state.published_params:
-                fill_buffer(self.backend, buffer, live, state.names)
-                return buffer
-        buffer = new_buffer(self.backend, live, state.names)
-        if self.backend.name in _REUSABLE:
-            state.buffers.append(buffer)  # others (MLX) are fresh arrays each time
-        return buffer
+        else:  # the guide's behaviour with mixing: the commit blends with the local work
+            local = self.backend.read_parameters(self.model, state.names)
+            aligned = align.aligned_parameters(self.backend, local, self._tensors(commit.params), self.algorithm.mixing)
+            self.backend.write_parameters(self.model, aligned)
 
     def _publish(self, run: _Running, fragment: int, *, final: bool) -> None:
         state = run.fragments[fragment]
-        steps = self.stats.steps - state.align_step
-        if steps == 0 or state.published_step is not None:
+        now = align.WorkMark(self.stats.steps, self.stats.samples)
+        work = now.since(state.unmerged_from)
+        if work.steps == 0 or state.outstanding is not None:
             state.deferred = False
             return
-        busy = sum(1 for f in run.fragments if f.published_step is not None)
+        busy = sum(1 for f in run.fragments if f.outstanding is not None)
         if not final and not schedule.slot_free(busy, self.algorithm.in_flight):
             state.deferred = True
             return
         state.deferred = False
-        snapshot = self._snapshot(state)
+        snapshot = state.snapshot(self.backend, dict(self.backend.named_parameters(self.model)))
         counts = ContributionCounts(
-            steps=steps,
-            samples=self.stats.samples - state.align_samples,
+            steps=work.steps,
+            samples=work.samples,
             final=final,
             step_time_s=self._step_time_s,
-            carried_steps=max(0, state.anchor_step - state.align_step),
+            carried_steps=max(0, state.anchor_step - state.unmerged_from.steps),
             realigned=tuple(state.realigned),
         )
-        self._serial += 1
-        run.exchange.publish(Publication(fragment, state.anchor_version, state.anchor, snapshot, counts, self._serial))
-        state.published_step, state.published_samples = self.stats.steps, self.stats.samples
-        state.published_params = snapshot if self.algorithm.carry_unmerged else None
-        state.published_serial = self._serial
+        state.outstanding = Publication(fragment, state.anchor_version, state.anchor, snapshot, counts, now)
+        run.loops.exchange.publish(state.outstanding)
         state.half_period_pending = False
         self.stats.contributions += 1
 
@@ -524,7 +438,7 @@ class Session:
                         base_version,
                         "and no live syncer to make it" if gone else f"within {self.options.commit_timeout_s:.0f} s",
                     )
-                    state.published_step = None
+                    state.outstanding = None
                     break
                 self._changed.wait(min(remaining, self.options.poll_interval_s))
         self.stats.blocked_s += time.perf_counter() - started
@@ -552,9 +466,7 @@ class Session:
                 self._wait_for_open_rounds(run)
                 self._load_newest(run)
         finally:
-            run.exchange.stop(release_lease=True)
-            if run.syncer is not None:
-                run.syncer.stop(resign=True)
+            run.loops.stop(release=True)
             if self._owns_mailbox:
                 self._mailbox.close()
 
@@ -569,9 +481,9 @@ class Session:
                 for fragment in range(len(run.fragments)):
                     self._publish(run, fragment, final=True)
             for fragment, state in enumerate(run.fragments):
-                if state.published_step is not None:
+                if state.outstanding is not None:
                     self._wait_for_commit(run, fragment, state.anchor_version, deadline, watch)
-            if all(state.align_step == self.stats.steps for state in run.fragments):
+            if all(state.unmerged_from.steps == self.stats.steps for state in run.fragments):
                 return
 
     def wait_published(self, timeout_s: float | None = None) -> bool:
@@ -580,7 +492,7 @@ class Session:
         if run is None or not run.open:
             return True
         deadline = time.monotonic() + (self.options.commit_timeout_s if timeout_s is None else timeout_s)
-        while not run.exchange.idle():
+        while not run.loops.exchange.idle():
             if time.monotonic() >= deadline:
                 return False
             time.sleep(min(0.01, self.options.poll_interval_s))
@@ -599,7 +511,7 @@ class Session:
 
     def _load_newest(self, run: _Running) -> None:
         for fragment, state in enumerate(run.fragments):
-            self.stats.dropped_at_close[fragment] = self.stats.steps - state.align_step
+            self.stats.dropped_at_close[fragment] = self.stats.steps - state.unmerged_from.steps
             newest = self._store.newest_version(fragment, known=state.anchor_version)
             if newest is not None and newest > state.anchor_version:
                 params = self._store.read_params(run.spec, self._store.read_round(fragment, newest))
@@ -621,90 +533,41 @@ class Session:
     @property
     def syncer(self) -> SyncerRuntime | None:
         """This node's syncer runtime while the session is open (None with ``run_syncer=False``)."""
-        return self._run.syncer if self._run is not None else None
+        return self._run.loops.syncer if self._run is not None else None
 
     @property
     def bytes_published(self) -> int:
         """Contribution payload bytes this learner has put in the mailbox."""
-        return self._run.exchange.bytes_published if self._run is not None else 0
+        return self._run.loops.exchange.bytes_published if self._run is not None else 0
 
     @property
     def bytes_fetched(self) -> int:
         """Committed parameter bytes this learner has fetched from the mailbox."""
-        return self._run.exchange.bytes_fetched if self._run is not None else 0
+        return self._run.loops.exchange.bytes_fetched if self._run is not None else 0
 
     @property
     def rebuilt_commits(self) -> int:
         """Commits rebuilt from their compact update (``update_quantization``) instead of fetched whole."""
-        return self._run.exchange.compact_fetches if self._run is not None else 0
+        return self._run.loops.exchange.compact_fetches if self._run is not None else 0
 
     @property
     def rebuild_fallbacks(self) -> int:
         """Compact updates that did not rebuild the committed bytes (the full parameters were read)."""
-        return self._run.exchange.compact_fallbacks if self._run is not None else 0
+        return self._run.loops.exchange.compact_fallbacks if self._run is not None else 0
 
     @property
     def versions(self) -> Mapping[int, int]:
         """The committed version each fragment is aligned with."""
         return dict(enumerate(self.stats.versions))
 
+    @property
+    def fragments(self) -> Sequence[LearnerFragment]:
+        """Each fragment's learner state (what it is aligned with, its host buffers, what is in
+        flight) since ``open()``, for inspection: the session and its exchange own them."""
+        return tuple(self._run.fragments) if self._run is not None else ()
 
-# -- the training thread's host copies -------------------------------------------------------
-
-
-def new_buffer(backend: Backend, live: Mapping[str, Tensor], names: Sequence[str]) -> HostBuffer:
-    """A host snapshot of ``names``, filled: preallocated once for PyTorch (pinned memory for
-    accelerator parameters) and NumPy, a fresh copy for other frameworks."""
-    if backend.name == "torch":
-        import torch
-
-        targets: dict[str, object] = {}
-        arrays: dict[str, np.ndarray] = {}
-        for name in names:
-            param = live[name]
-            pinned = param.device.type == "cuda"
-            target = torch.empty(param.shape, dtype=param.dtype, device="cpu", pin_memory=pinned)
-            targets[name], arrays[name] = target, backend.to_numpy(target)  # shares the memory
-        buffer = HostBuffer(arrays, targets)
-        fill_buffer(backend, buffer, live, names)
-        return buffer
-    if backend.name == "numpy":
-        return HostBuffer({name: np.array(live[name], copy=True) for name in names})
-    return HostBuffer({name: backend.to_numpy(backend.copy(live[name])) for name in names})
-
-
-def fill_buffer(backend: Backend, buffer: HostBuffer, live: Mapping[str, Tensor], names: Sequence[str]) -> None:
-    """Copy the live parameters into a reusable buffer (no allocation)."""
-    if buffer.targets:
-        import torch
-
-        with torch.no_grad():
-            for name in names:
-                target = buffer.targets[name]
-                assert isinstance(target, torch.Tensor)
-                target.copy_(live[name].detach())
-        return
-    for name in names:
-        np.copyto(buffer.arrays[name], np.asarray(live[name]))
-
-
-def add_in_place(backend: Backend, model: Any, corrections: Mapping[str, np.ndarray]) -> None:
-    """θ += correction for each named parameter (fp32 arithmetic, the parameter's dtype)."""
-    live = dict(backend.named_parameters(model))
-    if backend.name == "torch":
-        import torch
-
-        with torch.no_grad():
-            for name, correction in corrections.items():
-                param = live[name]
-                param.add_(torch.from_numpy(correction).to(param.device))
-        return
-    if backend.name == "numpy":
-        for name, correction in corrections.items():
-            target = live[name]
-            if target.dtype == np.float32:
-                np.add(target, correction, out=target)
-            else:
-                target[...] = (target.astype(np.float32) + correction).astype(target.dtype)
-        return
-    backend.write_parameters(model, {name: backend.add(live[name], backend.from_numpy(c)) for name, c in corrections.items()})
+    @property
+    def publish_to_commit_s(self) -> list[float]:
+        """Seconds from handing a contribution over to the commit that merged it being ready,
+        oldest first (the newest 1000)."""
+        return list(self._run.loops.exchange.publish_to_commit_s) if self._run is not None else []

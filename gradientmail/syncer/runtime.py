@@ -282,14 +282,6 @@ class SyncerRuntime:
             self._notified.add(fragment)
         self._loop.hurry()
 
-    # Old names of the passes, kept until tests/test_request_rate.py reads the public ones.
-    _poll_election = election_pass
-    _rounds_pass = rounds_pass
-
-    @property
-    def _leases_at(self) -> float:
-        return self.leases_read_at
-
     # -- what a round looks like ---------------------------------------------------
     def open_round(self, fragment: int) -> RoundView | None:
         """The round open on ``fragment``, as this node tracks it while elected; None when it
