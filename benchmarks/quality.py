@@ -2,6 +2,7 @@
 
     python -m benchmarks.quality            # ~20 minutes on 2 cores
     python -m benchmarks.quality --quick    # a smoke run: fewer steps, one mix
+    python -m benchmarks.quality --regimes  # the regime matrix (benchmarks/regimes.py)
 
 Every arm trains the demo's GPT on Shakespeare on the same number of samples and is scored
 by the validation loss of the model it ends with, next to two references computed in the
@@ -32,10 +33,11 @@ import numpy as np
 import torch
 
 import gradientmail as gm
+from benchmarks.seaweed import S3Endpoint
 from demo import model as torch_gpt
 from demo import settings
 from demo.data import BatchSampler, load_corpus, validation_windows
-from demo.model_config import GPTConfig
+from demo.model_config import DEFAULT_CONFIG, GPTConfig
 from demo.reference import synchronous_diloco
 from demo.trainer import build_trainer
 from gradientmail.store import RunStore
@@ -99,6 +101,16 @@ def validation(config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
     return validation_windows(load_corpus().validation, EVAL_WINDOWS, config.context)
 
 
+def single_learner(config: GPTConfig, steps: int) -> Arm:
+    """One learner alone, batch BATCH, no exchange: what a learner gets without the others (the
+    floor every asynchronous arm must beat)."""
+    started = time.monotonic()
+    trainer = build_trainer("torch", config, LR)
+    sampler = BatchSampler(load_corpus().train, BATCH, config.context, seed=1)
+    losses = [trainer.step(sampler.next()) for _ in range(steps)]
+    return Arm("one learner alone", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
+
+
 def data_parallel(config: GPTConfig, steps: int) -> Arm:
     """One model, batch learners × BATCH: what synchronous data-parallel training computes."""
     started = time.monotonic()
@@ -108,14 +120,14 @@ def data_parallel(config: GPTConfig, steps: int) -> Arm:
     return Arm("data-parallel", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
 
 
-def sync_diloco(config: GPTConfig, steps: int) -> Arm:
+def sync_diloco(config: GPTConfig, steps: int, learners: int = LEARNERS, sync_every: int = SYNC_EVERY) -> Arm:
     started = time.monotonic()
     result = synchronous_diloco(
         config,
         load_corpus().train,
-        seeds=range(1, LEARNERS + 1),
+        seeds=range(1, learners + 1),
         steps=steps,
-        sync_every=SYNC_EVERY,
+        sync_every=sync_every,
         batch_size=BATCH,
         lr=LR,
         outer=gm.NesterovOuter(lr=0.7, momentum=0.9),
@@ -128,19 +140,34 @@ def _curve(losses: list[float], every: int = 10) -> list[tuple[int, float]]:
     return [(end, float(np.mean(losses[end - every : end]))) for end in range(every, len(losses) + 1, every)]
 
 
-def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[float], steps: int, workdir: Path) -> Arm:
-    """Real learner processes through a directory mailbox; the committed model is evaluated here."""
-    algorithm = gm.DiLoCo(sync_every=SYNC_EVERY, fragments=1, **knobs)
+def gradientmail_arm(
+    name: str,
+    knobs: dict[str, Any],
+    mix: str,
+    sleeps: list[float],
+    steps: int,
+    workdir: Path,
+    *,
+    sync_every: int = SYNC_EVERY,
+    config: GPTConfig = DEFAULT_CONFIG,
+    s3: S3Endpoint | None = None,
+) -> Arm:
+    """Real learner processes (one per entry of ``sleeps``, each sleeping that long after every
+    step) through a directory mailbox, or a bucket prefix of ``s3``; the committed model is
+    evaluated here."""
+    algorithm = gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)
     box_dir = workdir / "mailbox"
     box_dir.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    url = f"file://{box_dir}" if s3 is None else s3.url(f"{workdir.name}-{time.time_ns()}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(s3.env if s3 is not None else {})}
     started = time.monotonic()
     processes = []
     for index, sleep in enumerate(sleeps):
         command = [
-            sys.executable, "-m", "demo.worker", "--mailbox", f"file://{box_dir}", "--learner-id", f"learner-{index + 1}",
+            sys.executable, "-m", "demo.worker", "--mailbox", url, "--learner-id", f"learner-{index + 1}",
             "--steps", str(steps), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
             "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
+            "--model", json.dumps(asdict(config)),
             "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
         ]  # fmt: skip
         log = (workdir / f"learner-{index + 1}.log").open("w")
@@ -154,13 +181,13 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
     finals = [next(e for e in learner if e["event"] == "final") for learner in events]
     progress = [[(e["step"], e["loss"]) for e in learner if e["event"] == "progress"] for learner in events]
 
-    mailbox = gm.FileMailbox(box_dir)
+    mailbox = gm.FileMailbox(box_dir) if s3 is None else _open_s3(url, s3)
     store = RunStore(mailbox)
     spec = store.read_spec()
     newest = store.newest_version(0)
     assert newest is not None
     records = [store.read_round(0, version) for version in range(1, newest + 1)]
-    model = torch_gpt.GPT(GPTConfig())
+    model = torch_gpt.GPT(config)
     backend = gm.get_backend("torch")
     backend.write_parameters(model, {n: backend.from_numpy(a) for n, a in store.load_version(spec, 0, newest).params.items()})
     mailbox.close()
@@ -171,13 +198,13 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
     syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
     learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
     # per learner per H steps it trained (a round of data-parallel's comparison), whatever the rounds committed
-    per_learner_round = len(sleeps) * (steps / SYNC_EVERY) * sum(p.numel for p in spec.parameters.values())
+    per_learner_round = len(sleeps) * (steps / sync_every) * sum(p.numel for p in spec.parameters.values())
     by_step: dict[int, list[float]] = {}
     for points in progress:
         for step, loss in points:
             by_step.setdefault(step, []).append(loss)
     return Arm(
-        name, mix, torch_gpt.evaluate(model, validation(GPTConfig())), wall,
+        name, mix, torch_gpt.evaluate(model, validation(config)), wall,
         merged_share=merged / (len(sleeps) * steps), rounds=newest, mailbox_bytes=learner_bytes + syncer_bytes,
         stale=sum(1 for r in records for x in r.rejected if x.reason == "stale"),
         carried_steps=sum(p.carried_steps for r in records for p in r.participants),
@@ -189,6 +216,13 @@ def gradientmail_arm(name: str, knobs: dict[str, Any], mix: str, sleeps: list[fl
         down_bytes_per_param=sum(f["bytes_fetched"] for f in finals) / per_learner_round,
         curve=[(step, float(np.mean(losses))) for step, losses in sorted(by_step.items())],
     )  # fmt: skip
+
+
+def _open_s3(url: str, s3: S3Endpoint) -> gm.Mailbox:
+    """The run's mailbox on the loopback server; its credentials go into this process's
+    environment, the standard place (s3:// URLs carry none), as they did for the learners."""
+    os.environ.update(s3.env)
+    return gm.open_mailbox(url)
 
 
 def step_time_s(config: GPTConfig) -> float:
@@ -281,7 +315,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="60 steps, the equal-speed mix only: a smoke run")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     parser.add_argument("--arms", nargs="*", help="run only the GradientMail arms whose names contain one of these")
+    parser.add_argument(
+        "--regimes", action="store_true", help="the regime matrix instead (benchmarks/regimes.py): defaults in every regime"
+    )
+    parser.add_argument("--only", nargs="*", help="with --regimes: only the regimes whose names contain one of these")
+    parser.add_argument("--knobs", default="{}", help="with --regimes: DiLoCo settings beyond the defaults, as JSON")
     args = parser.parse_args(argv)
+    if args.regimes:
+        from benchmarks import regimes
+
+        return regimes.main(args.only, json.loads(args.knobs), Path(args.runs_dir), quick=args.quick)
     steps = 60 if args.quick else STEPS
     out = Path(args.runs_dir) / f"quality-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True)

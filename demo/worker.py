@@ -24,7 +24,7 @@ from typing import Any
 from demo import events, settings
 from demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
 from demo.device import DEVICE_VARIABLE, describe_device, resolve_device
-from demo.model_config import GPTConfig
+from demo.model_config import DEFAULT_CONFIG, GPTConfig
 from demo.trainer import Framework, Progress, build_trainer, run_steps
 from gradientmail.errors import GradientMailError, InvalidConfig
 from gradientmail.records import default_learner_id
@@ -73,6 +73,8 @@ class WorkerConfig:
     the quality benchmark keeps every version to account for every step afterwards."""
     retention: Any = None
     """A whole ``gm.Retention``: replaces ``keep_versions`` (the node passes its settings')."""
+    model: GPTConfig = DEFAULT_CONFIG
+    """The GPT's shape (the quality benchmark's short-step regimes train a smaller one)."""
     run_key: Any = None
     """A ``gm.RunKey`` (or its secret) to sign the run's records; None: ``GRADIENTMAIL_RUN_KEY``
     if set (the node passes its settings' key)."""
@@ -119,12 +121,24 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     )
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep after each step (a slower learner)")
     parser.add_argument("--keep-versions", type=int, default=None, help="retention of a run this learner creates")
+    parser.add_argument(
+        "--model",
+        dest="model_json",
+        metavar="JSON",
+        help='the GPT\'s shape as GPTConfig fields, e.g. {"width": 64, "layers": 2}; every learner of a run the same',
+    )
     args = parser.parse_args(argv)
     if args.steps < 0:
         parser.error("--steps must be non-negative")
     if args.step_sleep < 0:
         parser.error("--step-sleep must be non-negative")
     knobs = vars(args)
+    model_json = knobs.pop("model_json")
+    if model_json is not None:
+        try:
+            knobs["model"] = GPTConfig(**json.loads(model_json))
+        except (TypeError, ValueError) as exc:
+            parser.error(f"--model: {exc}")
     algorithm_json = knobs.pop("algorithm_json")
     if algorithm_json is not None:
         import gradientmail as gm
@@ -149,7 +163,7 @@ def run(config: WorkerConfig) -> float:
         import torch
 
         torch.set_num_threads(1)  # several learners share the machine's cores
-    model_config = GPTConfig()
+    model_config = config.model
     corpus = load_corpus()
     validation = validation_windows(corpus.validation, config.eval_windows, model_config.context)
     sampler = BatchSampler(corpus.train, config.batch_size, model_config.context, seed=config.seed)

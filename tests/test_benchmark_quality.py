@@ -33,3 +33,24 @@ def test_quick_quality_benchmark_prints_every_arm_and_the_targets(tmp_path):
     assert 0 < int4["down_bytes_per_param"] < defaults["down_bytes_per_param"] / 3  # compact commits, most of the time
     assert "int4 both ways" in result.stdout and "fewer bytes than data-parallel" in result.stdout
     assert (run / "loss.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_quick_regime_matrix_prints_each_regime_beside_its_references(tmp_path):
+    """The regime matrix's smoke run: a short-step regime on a directory and one on a loopback S3
+    server, each with synchronous DiLoCo and one learner alone at the same M, H and steps."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quality", "--regimes", "--quick", "--runs-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "× sync DiLoCo" in result.stdout and "one learner alone" in result.stdout
+    (run,) = tmp_path.iterdir()
+    saved = json.loads((run / "result.json").read_text())
+    stores = {entry["regime"]["store"] for entry in saved["regimes"]}
+    assert stores == {"directory", "s3"}
+    for entry in saved["regimes"]:
+        assert entry["sync"]["val_loss"] < 5.0 and entry["alone"]["val_loss"] < 5.0  # the references trained
+        assert entry["arm"]["rounds"] >= 1 and 0 < entry["arm"]["merged_share"] <= 1
+    assert len(saved["targets"]) == 3 * len(saved["regimes"])
+    assert (run / "loss.png").stat().st_size > 10_000
