@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
-from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.algorithms.diloco import DiLoCo, GraceRule
 from gradientmail.algorithms.merge import IsoC, Merge, Rda, WeightedMean
 from gradientmail.backends.quantize import QuantFormat
 from gradientmail.errors import InvalidConfig
@@ -131,6 +131,10 @@ class NodeSettings(BaseSettings):
     """Learner steps of slack a round may use (τ). Run-wide."""
     grace_max_s: float = _ALGORITHM["grace_max_s"].default
     """Upper bound on one grace window, in seconds. Run-wide."""
+    grace_rule: GraceRule = _ALGORITHM["grace_rule"].default
+    """How a round's wait after quorum is sized: ``slack``, ``arrivals`` or ``live`` (docs/protocol.md). Run-wide."""
+    grace_periods: float = _ALGORITHM["grace_periods"].default
+    """With ``grace_rule`` ``arrivals`` or ``live``: the longest wait, in round periods. Run-wide."""
 
     run_key: SecretStr | None = None
     """The run key (docs/security.md): every record is signed and checked with it. Never logged."""

@@ -7,7 +7,7 @@ and are re-exported here, where the merge note names them.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
@@ -30,6 +30,9 @@ from gradientmail.backends.quantize import DEFAULT_BLOCK, Codec, QuantFormat
 
 __all__ = ["DiLoCo", "Rda", "WeightedMean", "IsoC", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
 
+GraceRule = Literal["slack", "arrivals", "live"]
+"""How the syncer sizes the wait after quorum (``DiLoCo.grace_rule``)."""
+
 RUN_FIELDS = (
     "sync_every",
     "fragments",
@@ -45,6 +48,8 @@ RUN_FIELDS = (
     "grace_gamma",
     "grace_tau",
     "grace_max_s",
+    "grace_rule",
+    "grace_periods",
 )
 """Fields every node of a run must share (compared against the manifest on join).
 
@@ -116,6 +121,17 @@ class DiLoCo(FrozenConfig):
     """τ: learner steps of slack a round may use (grace = γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))."""
     grace_max_s: float = Field(default=60.0, ge=0)
     """Upper bound on one grace window, in seconds."""
+    grace_rule: GraceRule = "slack"
+    """How the syncer sizes a round's wait after quorum (docs/protocol.md, "Quorum and grace"):
+    ``slack`` — the learners' slack in step time (the formula above, Decoupled DiLoCo's);
+    ``arrivals`` — at least how late learners' contributions arrived after quorum in recent
+    rounds (the 90th percentile, those that came stale included), up to ``grace_periods``
+    round periods; ``live`` — until every live learner is in, up to ``grace_periods`` round
+    periods. Every rule ends the wait once every live learner is in."""
+    grace_periods: float = Field(default=1.0, ge=0)
+    """With ``grace_rule`` ``arrivals`` or ``live``: the longest wait, in round periods
+    (``sync_every`` × the learners' step time), so that a learner much slower than the rest is
+    not waited for."""
 
     @model_validator(mode="before")
     @classmethod
@@ -128,7 +144,7 @@ class DiLoCo(FrozenConfig):
                 data = {"outer_lr": ISO_C_OUTER_LR, "outer_momentum": ISO_C_OUTER_MOMENTUM, **data}
         return data
 
-    @field_validator("outer_lr", "grace_tau", "grace_max_s", "grace_gamma", "outer_momentum", "mixing")
+    @field_validator("outer_lr", "grace_tau", "grace_max_s", "grace_gamma", "grace_periods", "outer_momentum", "mixing")
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):

@@ -83,6 +83,10 @@ __all__ = ["IDLE_COLLECT_MAX_S", "RoundView", "SyncerRuntime"]
 
 log = logging.getLogger(__name__)
 
+QUORUM_TIMES_KEPT = 8
+"""Closed rounds per fragment whose quorum time is kept (the lateness of contributions that
+arrive after their round, for ``grace_rule="arrivals"``)."""
+
 PREFETCH = 2
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
 checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
@@ -172,7 +176,21 @@ class SyncerRuntime:
         self._observer = LeaseObserver(ttl_s, clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
-        self._grace = [GraceEstimator(algorithm.grace_gamma, algorithm.grace_tau, algorithm.grace_max_s) for _ in spec.fragments]
+        self._grace = [
+            GraceEstimator(
+                algorithm.grace_gamma,
+                algorithm.grace_tau,
+                algorithm.grace_max_s,
+                rule=algorithm.grace_rule,
+                periods=algorithm.grace_periods,
+                sync_every=algorithm.sync_every,
+                margin_s=poll_interval_s,
+            )
+            for _ in spec.fragments
+        ]
+        self._quorum_at: dict[tuple[int, int], float] = {}
+        """(fragment, base version) → when the round built on it reached quorum, for the rounds
+        we closed lately: how late a contribution that comes after its round closed arrived."""
         self._history = [ContributionHistory() for _ in spec.fragments]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
         """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
@@ -462,6 +480,8 @@ class SyncerRuntime:
             current.last_seen_at = self._clock()
             if current.first_seen_at is None:
                 current.first_seen_at = current.last_seen_at
+            quorum_at = current.quorum_at
+            self._grace[key.fragment].observe_lateness(0.0 if quorum_at is None else current.last_seen_at - quorum_at)
 
     def _mergeable_late(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> bool:
         """A contribution based on an older version that ``max_staleness`` lets into this round:
@@ -487,6 +507,9 @@ class SyncerRuntime:
                 detail=f"based on version {key.base_version}, current is {view.version}",
             )
         )
+        closed_quorum_at = self._quorum_at.get((fragment, key.base_version))
+        if closed_quorum_at is not None:  # it came after its round closed: how much later
+            self._grace[fragment].observe_lateness(self._clock() - closed_quorum_at)
 
     def _keys_listed_by(self, fragment: int, version: int) -> frozenset[str]:
         cached = self._referenced.get((fragment, version))
@@ -581,6 +604,10 @@ class SyncerRuntime:
             record.timing.sync_s,
         )
         self._grace[fragment].observe_sync(current.fetch_s + self._clock() - started)
+        if current.quorum_at is not None:
+            self._quorum_at[(fragment, view.version)] = current.quorum_at
+            for closed in [k for k in self._quorum_at if k[0] == fragment and k[1] < view.version - QUORUM_TIMES_KEPT]:
+                del self._quorum_at[closed]
         for a in draft.participants:
             self._history[fragment].record(a.contribution.steps, a.contribution.samples, a.norm)
         self.commits += 1
