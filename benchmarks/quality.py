@@ -319,7 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         "--regimes", action="store_true", help="the regime matrix instead (benchmarks/regimes.py): defaults in every regime"
     )
     parser.add_argument("--only", nargs="*", help="with --regimes: only the regimes whose names contain one of these")
-    parser.add_argument("--knobs", default="{}", help="with --regimes: DiLoCo settings beyond the defaults, as JSON")
+    parser.add_argument(
+        "--knobs", default="{}", help="with --regimes: DiLoCo settings beyond the defaults, as JSON (a list: one matrix each)"
+    )
     args = parser.parse_args(argv)
     if args.regimes:
         from benchmarks import regimes

@@ -3,6 +3,7 @@
     python -m benchmarks.quality --regimes                      # every regime, ~25 minutes on 2 cores
     python -m benchmarks.quality --regimes --only short         # the regimes whose names contain "short"
     python -m benchmarks.quality --regimes --knobs '{"quorum_size": 2}'   # another setting, same matrix
+    python -m benchmarks.quality --regimes --knobs '[{}, {"grace_rule": "live"}]'   # several, shared references
     python -m benchmarks.quality --regimes --quick              # a smoke run: two short regimes, 60 steps
 
 A default that ties synchronous DiLoCo in one regime can lose to one learner alone in another
@@ -102,10 +103,16 @@ def sleeps_for(regime: Regime, cores: int) -> list[float]:
     return [(speed - 1.0) * step_s for speed in regime.speeds]
 
 
-def run_matrix(regimes: Sequence[Regime], knobs: dict[str, Any], out: Path) -> list[RegimeResult]:
-    """Every regime's arm and references, printed as they finish."""
+References = dict[tuple[int, int, int, GPTConfig], tuple[quality.Arm, quality.Arm]]
+
+
+def run_matrix(
+    regimes: Sequence[Regime], knobs: dict[str, Any], out: Path, references: References | None = None
+) -> list[RegimeResult]:
+    """Every regime's arm and references, printed as they finish (``references`` computed once
+    for several settings: pass the same dict)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    references: dict[tuple[int, int, int, GPTConfig], tuple[quality.Arm, quality.Arm]] = {}
+    references = {} if references is None else references
     results: list[RegimeResult] = []
     server: Seaweed | None = None
     scratch = tempfile.TemporaryDirectory(prefix="gm-regimes-s3-")
@@ -132,7 +139,7 @@ def run_matrix(regimes: Sequence[Regime], knobs: dict[str, Any], out: Path) -> l
                 regime.name,
                 sleeps,
                 regime.steps,
-                out / f"regime-{index}",
+                out / f"regime-{index}-{len(list(out.glob('regime-*')))}",
                 sync_every=regime.sync_every,
                 config=regime.model,
                 s3=s3,
@@ -185,8 +192,9 @@ def plot(results: Sequence[RegimeResult], path: Path) -> None:
 QUICK_STEPS = 60
 
 
-def main(only: Sequence[str] | None, knobs: dict[str, Any], runs_dir: Path, quick: bool = False) -> int:
-    """Run the matrix (``quick``: a smoke run, the short-step regimes at M = 2 and on S3, 60 steps)."""
+def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]], runs_dir: Path, quick: bool = False) -> int:
+    """Run the matrix (``quick``: a smoke run, the short-step regimes at M = 2 and on S3, 60 steps);
+    ``knobs`` a list: one matrix per setting, sharing the references."""
     regimes = [r for r in REGIMES if not only or any(word in r.name for word in only)]
     if quick:
         regimes = [replace(r, steps=QUICK_STEPS) for r in regimes if r.model == SHORT_STEP_MODEL and r.sync_every == 20]
@@ -194,26 +202,36 @@ def main(only: Sequence[str] | None, knobs: dict[str, Any], runs_dir: Path, quic
     if not regimes:
         print(f"no regime matches {list(only or [])}; regimes: {[r.name for r in REGIMES]}")
         return 2
+    settings = knobs if isinstance(knobs, list) else [knobs]
     out = runs_dir / f"regimes-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True)
-    print(f"regime matrix: {len(regimes)} regimes, knobs {knobs or 'defaults'}; results in {out}", flush=True)
-    results = run_matrix(regimes, knobs, out)
-    print()
-    for line in table(results):
-        print(line)
-    print()
-    verdicts = [v for r in results for v in r.verdicts()]
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'NOT MET'}] {text}")
-    plot(results, out / "loss.png")
+    print(f"regime matrix: {len(regimes)} regimes × {len(settings)} settings; results in {out}", flush=True)
+    references: References = {}
+    matrices = []
+    for setting in settings:
+        print(f"setting: {json.dumps(setting) if setting else 'defaults'}", flush=True)
+        matrices.append((setting, run_matrix(regimes, setting, out, references)))
+    entries = []
+    all_verdicts = []
+    for setting, results in matrices:
+        print(f"\n{json.dumps(setting) if setting else 'defaults'}")
+        for line in table(results):
+            print(line)
+        verdicts = [v for r in results for v in r.verdicts()]
+        print()
+        for text, met in verdicts:
+            print(f"  [{'met' if met else 'NOT MET'}] {text}")
+        all_verdicts.extend((setting, text, met) for text, met in verdicts)
+        entries.extend(
+            {"knobs": setting, "regime": asdict(regime), "arm": asdict(r.arm), "sync": asdict(r.sync), "alone": asdict(r.alone)}
+            for regime, r in zip(regimes, results, strict=True)
+        )
+    plot(matrices[0][1], out / "loss.png")
     result = {
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
-        "knobs": knobs,
-        "regimes": [
-            {"regime": asdict(regime), "arm": asdict(r.arm), "sync": asdict(r.sync), "alone": asdict(r.alone)}
-            for regime, r in zip(regimes, results, strict=True)
-        ],
-        "targets": [{"target": text, "met": met} for text, met in verdicts],
+        "settings": settings,
+        "regimes": entries,
+        "targets": [{"knobs": setting, "target": text, "met": met} for setting, text, met in all_verdicts],
     }
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"\nwrote {out / 'result.json'} and {out / 'loss.png'}")
