@@ -32,6 +32,7 @@ from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
+from gradientmail.regime import RECENT_ROUNDS, measure_work_loss, work_loss_hint
 from gradientmail.settings import describe_variables
 from gradientmail.simulate import command as simulate_command
 from gradientmail.store import RunSpec, RunStore
@@ -115,6 +116,16 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
                 f"  v{version:<6} by {record.committed_by} term {record.term}  [{who}]  rejected: {rejected}"
                 f"  grace {record.timing.grace_s:.2f}s"
             )
+    recent = []
+    for fragment in range(len(spec.fragments)):
+        for version in store.committed_versions(fragment)[-RECENT_ROUNDS:]:
+            try:
+                recent.append(store.read_round(fragment, version))
+            except GradientMailError:
+                continue  # shown as UNREADABLE above, or collected meanwhile
+    hint = work_loss_hint(measure_work_loss(recent), algorithm)
+    if hint is not None:
+        print(hint)
 
 
 def export(url: str, path: str) -> None:

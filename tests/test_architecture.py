@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gradientmail/minio_setup.py",
             "gradientmail/node.py",
             "gradientmail/settings.py",
+            "gradientmail/regime.py",
             "gradientmail/simulate/",
         ),
     ),

@@ -1,0 +1,84 @@
+"""Is a run in a regime that loses work? One line, from its round records, with the setting to change.
+
+A run whose rounds close before the other learners' contributions arrive (steps short next to
+the mailbox's round trip, a learner much slower than the rest) still commits, so nothing fails;
+it only trains worse than it could, down to worse than one learner alone. ``gradientmail status``
+and the main job print :func:`work_loss_hint` so that a user sees it, and what to set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.records import RoundRecord
+
+__all__ = ["MERGED_SHARE_TARGET", "WorkLoss", "measure_work_loss", "work_loss_hint"]
+
+MERGED_SHARE_TARGET = 0.97
+"""Share of learner steps that should reach a commit (docs/benchmarks.md's target)."""
+RECENT_ROUNDS = 20
+"""Newest round records (all fragments together) the check reads."""
+SINGLE_ROUND_SHARE = 0.5
+STALE_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class WorkLoss:
+    """What the newest rounds of a run say about lost work."""
+
+    rounds: int
+    single_learner_rounds: int
+    """Rounds that merged one contribution while more learners took part in the run."""
+    learners: int
+    """Learners seen in those rounds (merged or rejected)."""
+    stale: int
+    merged: int
+    carry_limit_steps: int
+    """Steps learners dropped at ``max_carried_steps`` (reported in ``realigned``)."""
+    merged_share: float | None = None
+
+    @property
+    def losing(self) -> bool:
+        """Whether the run is in a regime that loses work."""
+        lonely = self.learners >= 2 and self.rounds > 0 and self.single_learner_rounds / self.rounds >= SINGLE_ROUND_SHARE
+        stale = self.merged + self.stale > 0 and self.stale / (self.merged + self.stale) >= STALE_SHARE
+        short = self.merged_share is not None and self.merged_share < MERGED_SHARE_TARGET
+        return lonely or stale or short or self.carry_limit_steps > 0
+
+
+def measure_work_loss(records: Sequence[RoundRecord], merged_share: float | None = None) -> WorkLoss:
+    """:class:`WorkLoss` of the newest ``RECENT_ROUNDS`` of ``records`` (version 0 is skipped)."""
+    recent = sorted((r for r in records if r.version > 0), key=lambda r: r.version)[-RECENT_ROUNDS:]
+    learners = {p.learner for r in recent for p in r.participants} | {x.learner for r in recent for x in r.rejected}
+    return WorkLoss(
+        rounds=len(recent),
+        single_learner_rounds=sum(1 for r in recent if len(r.participants) == 1),
+        learners=len(learners),
+        stale=sum(1 for r in recent for x in r.rejected if x.reason == "stale"),
+        merged=sum(len(r.participants) for r in recent),
+        carry_limit_steps=sum(d.steps for r in recent for p in r.participants for d in p.realigned if d.reason == "carry_limit"),
+        merged_share=merged_share,
+    )
+
+
+def work_loss_hint(loss: WorkLoss, algorithm: DiLoCo) -> str | None:
+    """One line saying the run loses work and the setting to change, or None when it does not."""
+    if not loss.losing:
+        return None
+    seen = [f"{loss.single_learner_rounds} of {loss.rounds} recent rounds merged one of {loss.learners} learners"]
+    if loss.stale:
+        seen.append(f"{loss.stale} contribution{'s' if loss.stale != 1 else ''} came stale")
+    if loss.carry_limit_steps:
+        seen.append(f"{loss.carry_limit_steps} steps dropped at the carry limit")
+    if loss.merged_share is not None:
+        seen.append(f"{100 * loss.merged_share:.1f} % of learner steps merged")
+    if algorithm.grace_rule == "slack":
+        change = 'set gm.DiLoCo(grace_rule="live") (GRADIENTMAIL_GRACE_RULE=live): rounds then wait for the live learners'
+    else:
+        change = (
+            f"raise grace_periods (now {algorithm.grace_periods:g}; GRADIENTMAIL_GRACE_PERIODS) so rounds wait longer, "
+            "or quorum_size to the number of learners"
+        )
+    return f"work lost: rounds close before the other learners' contributions arrive ({'; '.join(seen)}); {change}"
