@@ -121,13 +121,14 @@ class DiLoCo(FrozenConfig):
     """τ: learner steps of slack a round may use (grace = γ·max(0, τ·ξ_step − (ξ_quorum + ξ_sync)))."""
     grace_max_s: float = Field(default=60.0, ge=0)
     """Upper bound on one grace window, in seconds."""
-    grace_rule: GraceRule = "slack"
+    grace_rule: GraceRule = "live"
     """How the syncer sizes a round's wait after quorum (docs/protocol.md, "Quorum and grace"):
-    ``slack`` — the learners' slack in step time (the formula above, Decoupled DiLoCo's);
+    ``live`` (the default, chosen on the regime matrix, docs/benchmarks.md) — until every live
+    learner is in, up to ``grace_periods`` round periods; ``slack`` — the learners' slack in
+    step time (the formula above, Decoupled DiLoCo's);
     ``arrivals`` — at least how late learners' contributions arrived after quorum in recent
     rounds (the 90th percentile, those that came stale included), up to ``grace_periods``
-    round periods; ``live`` — until every live learner is in, up to ``grace_periods`` round
-    periods. Every rule ends the wait once every live learner is in."""
+    round periods. Every rule ends the wait once every live learner is in."""
     grace_periods: float = Field(default=1.0, ge=0)
     """With ``grace_rule`` ``arrivals`` or ``live``: the longest wait, in round periods
     (``sync_every`` × the learners' step time), so that a learner much slower than the rest is
