@@ -1,6 +1,6 @@
 """Tests and benchmarks drive the learner and the syncer through public seams, never their privates.
 
-A test that reads ``session._run`` or calls ``syncer._rounds_pass()`` pins the implementation,
+A test that reads a session's ``_run`` or calls a syncer's ``_rounds_pass()`` pins the implementation,
 not the behaviour, and breaks on every refactor; the library offers the seams instead (an
 exchange pass, a lease renewal, a rounds pass, ``NodeLoops.passes()``, public views). This
 test collects the private names (methods, and attributes assigned on ``self``) of the classes
