@@ -16,7 +16,7 @@ per machine against the same mailbox:
     python examples/pythia.py --mailbox s3://my-training/runs/pythia --learner-id node-1
     python examples/pythia.py --mailbox file:///tmp/pythia --learner-id a --steps 20
 
-Needs: pip install "gradientmail[examples]" (CPU is enough at the default context of 128).
+Needs: pip install ".[examples]" from a checkout of this repository (CPU is enough at the default context of 128).
 """
 
 from __future__ import annotations
