@@ -125,3 +125,9 @@ class IncompatiblePayload(GradientMailError, ValueError):
 class BackendUnavailable(GradientMailError, ImportError):
     """The named backend's framework (PyTorch, MLX) is not installed. Not retryable: install
     the extra the message names."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra of this project: from a checkout of its repository, since
+    the package index's ``gradientmail`` is another project (one wording for every message)."""
+    return f'pip install ".[{extra}]" in a checkout of GradientMail (not the package index\'s "gradientmail")'

@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from gradientmail.backends.base import Backend, Tensor
-from gradientmail.errors import BackendUnavailable, InvalidConfig
+from gradientmail.errors import BackendUnavailable, InvalidConfig, install_hint
 
 __all__ = ["Backend", "Tensor", "get_backend", "backend_for", "BACKEND_NAMES"]
 
@@ -34,9 +34,7 @@ def get_backend(name: str) -> Backend:
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:
-            raise BackendUnavailable(
-                f"the {name} backend needs its framework: pip install 'gradientmail[{name}]' ({exc})"
-            ) from exc
+            raise BackendUnavailable(f"the {name} backend needs its framework: {install_hint(name)} ({exc})") from exc
         _instances[name] = getattr(module, class_name)()
     return _instances[name]
 

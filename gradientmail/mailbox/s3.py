@@ -30,6 +30,7 @@ from gradientmail.errors import (
     MailboxUnavailable,
     RecordExists,
     VersionConflict,
+    install_hint,
 )
 from gradientmail.mailbox import _s3_transfer
 from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, too_large
@@ -351,7 +352,7 @@ class S3Mailbox:
             import boto3
             from botocore.config import Config
         except ImportError as exc:
-            raise MailboxMisconfigured("the S3 mailbox needs boto3: install gradientmail[s3]") from exc
+            raise MailboxMisconfigured(f"the S3 mailbox needs boto3: {install_hint('s3')}") from exc
         tuning = self._tuning
         config = Config(
             retries={"total_max_attempts": tuning.max_attempts, "mode": "standard"},

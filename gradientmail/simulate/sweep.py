@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gradientmail.errors import GradientMailError
+from gradientmail.errors import GradientMailError, install_hint
 from gradientmail.simulate.engine import DAY_S, simulate
 from gradientmail.simulate.model import PRICES_AS_OF, Model
 
@@ -93,7 +93,7 @@ def _plot(data: dict[str, Any], label: str, path: Path) -> None:
     try:
         import matplotlib
     except ImportError as exc:  # an optional dependency (the bench extra)
-        raise GradientMailError("the sweep plots need matplotlib: pip install 'gradientmail[bench]'") from exc
+        raise GradientMailError(f"the sweep plots need matplotlib: {install_hint('bench')}") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

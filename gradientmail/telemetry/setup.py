@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gradientmail._version import __version__
-from gradientmail.errors import InvalidConfig
+from gradientmail.errors import InvalidConfig, install_hint
 from gradientmail.records import default_learner_id
 from gradientmail.telemetry import hooks
 
@@ -112,9 +112,7 @@ def configure(
         try:
             from gradientmail.telemetry import providers
         except ImportError as exc:
-            raise InvalidConfig(
-                "telemetry", f"needs the telemetry extra (pip install 'gradientmail[telemetry]'): {exc}"
-            ) from None
+            raise InvalidConfig("telemetry", f"needs the telemetry extra ({install_hint('telemetry')}): {exc}") from None
         want_metrics = otlp if otlp is not None else otlp_requested("metrics")
         want_traces = otlp if otlp is not None else otlp_requested("traces")
         if want_metrics or want_traces:
