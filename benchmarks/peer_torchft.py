@@ -256,6 +256,8 @@ def run_trial(
         gm_args += ["--grace-max-s", str(args.grace_max_s)]
     if args.grace_tau is not None:
         gm_args += ["--grace-tau", str(args.grace_tau)]
+    if args.knobs:
+        gm_args += ["--knobs", args.knobs]
     if arm == "bare":
         arm_args = ["--arm", "bare"]
     elif arm == "sync":
@@ -358,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=0, help="GradientMail's max_staleness (default: 0)")
     parser.add_argument("--grace-max-s", type=float, default=None, help="GradientMail's grace_max_s (default: 60)")
     parser.add_argument("--grace-tau", type=float, default=None, help="GradientMail's grace_tau (default: 4)")
+    parser.add_argument("--knobs", default=None, help="more gm.DiLoCo fields for GradientMail, as JSON")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {', '.join(ARMS)} (bare always runs)")
     parser.add_argument("--no-torchft", action="store_true", help="skip the torchft arm (and its set-up)")
     parser.add_argument("--setup", action="store_true", help="create runs/.venv-torchft and exit")
@@ -438,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max_staleness": args.max_staleness,
                 "grace_max_s": args.grace_max_s,
                 "grace_tau": args.grace_tau,
+                "knobs": json.loads(args.knobs) if args.knobs else {},
             },
             "torchft": TORCHFT_REQUIREMENT if "torchft" in results else None,
             "torch": trials["bare"][0]["learners"][0]["torch_version"],

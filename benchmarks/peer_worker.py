@@ -317,6 +317,7 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
         knobs["grace_max_s"] = args.grace_max_s
     if args.grace_tau is not None:
         knobs["grace_tau"] = args.grace_tau
+    knobs.update(json.loads(args.knobs) if args.knobs else {})
     algorithm = gm.DiLoCo(sync_every=args.sync_every, quorum_size=args.quorum, merge=merge, **knobs)
     opened = time.perf_counter()
     with gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id=f"learner-{args.rank}", options=options) as session:
@@ -385,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-staleness", type=int, default=0, help="gradientmail: max_staleness (default 0)")
     parser.add_argument("--grace-max-s", type=float, default=None, help="gradientmail: grace_max_s")
     parser.add_argument("--grace-tau", type=float, default=None, help="gradientmail: grace_tau")
+    parser.add_argument("--knobs", default=None, help="gradientmail: more gm.DiLoCo fields, as JSON")
     parser.add_argument("--lighthouse", default=None, help="torchft: the lighthouse address, http://HOST:PORT")
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)

@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -145,17 +146,21 @@ def gradientmail_arm(
     knobs: dict[str, Any],
     mix: str,
     sleeps: list[float],
-    steps: int,
+    steps: int | Sequence[int],
     workdir: Path,
     *,
     sync_every: int = SYNC_EVERY,
     config: GPTConfig = DEFAULT_CONFIG,
     s3: S3Endpoint | None = None,
+    algorithm: gm.DiLoCo | None = None,
 ) -> Arm:
     """Real learner processes (one per entry of ``sleeps``, each sleeping that long after every
-    step) through a directory mailbox, or a bucket prefix of ``s3``; the committed model is
-    evaluated here."""
-    algorithm = gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)
+    step, training ``steps`` steps or its own entry of them) through a directory mailbox, or a
+    bucket prefix of ``s3``; the committed model is evaluated here. ``algorithm`` replaces
+    ``gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)``."""
+    if algorithm is None:
+        algorithm = gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)
+    learner_steps = [steps] * len(sleeps) if isinstance(steps, int) else list(steps)
     box_dir = workdir / "mailbox"
     box_dir.mkdir(parents=True)
     url = f"file://{box_dir}" if s3 is None else s3.url(f"{workdir.name}-{time.time_ns()}")
@@ -165,7 +170,7 @@ def gradientmail_arm(
     for index, sleep in enumerate(sleeps):
         command = [
             sys.executable, "-m", "demo.worker", "--mailbox", url, "--learner-id", f"learner-{index + 1}",
-            "--steps", str(steps), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
+            "--steps", str(learner_steps[index]), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
             "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
             "--model", json.dumps(asdict(config)),
             "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
@@ -198,14 +203,14 @@ def gradientmail_arm(
     syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
     learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
     # per learner per H steps it trained (a round of data-parallel's comparison), whatever the rounds committed
-    per_learner_round = len(sleeps) * (steps / sync_every) * sum(p.numel for p in spec.parameters.values())
+    per_learner_round = sum(learner_steps) / algorithm.sync_every * sum(p.numel for p in spec.parameters.values())
     by_step: dict[int, list[float]] = {}
     for points in progress:
         for step, loss in points:
             by_step.setdefault(step, []).append(loss)
     return Arm(
         name, mix, torch_gpt.evaluate(model, validation(config)), wall,
-        merged_share=merged / (len(sleeps) * steps), rounds=newest, mailbox_bytes=learner_bytes + syncer_bytes,
+        merged_share=merged / sum(learner_steps), rounds=newest, mailbox_bytes=learner_bytes + syncer_bytes,
         stale=sum(1 for r in records for x in r.rejected if x.reason == "stale"),
         carried_steps=sum(p.carried_steps for r in records for p in r.participants),
         participants_per_round=float(np.mean([len(r.participants) for r in records])),
@@ -318,11 +323,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--regimes", action="store_true", help="the regime matrix instead (benchmarks/regimes.py): defaults in every regime"
     )
+    parser.add_argument(
+        "--straggler", action="store_true", help="time to lock-step DiLoCo's loss with speeds 1:1:2:4 (benchmarks/straggler.py)"
+    )
     parser.add_argument("--only", nargs="*", help="with --regimes: only the regimes whose names contain one of these")
     parser.add_argument(
         "--knobs", default="{}", help="with --regimes: DiLoCo settings beyond the defaults, as JSON (a list: one matrix each)"
     )
     args = parser.parse_args(argv)
+    if args.straggler:
+        from benchmarks import straggler
+
+        return straggler.main(Path(args.runs_dir), quick=args.quick)
     if args.regimes:
         from benchmarks import regimes
 

@@ -72,7 +72,8 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
     print(f"run {manifest.run_id}  created by {manifest.created_by} at {manifest.created_at}")
     print(
         f"algorithm: sync_every={algorithm.sync_every} fragments={algorithm.fragments} merge={algorithm.merge.to_manifest()} "
-        f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} quorum_size={algorithm.quorum_size}"
+        f"outer_lr={algorithm.outer_lr} outer_momentum={algorithm.outer_momentum} ({algorithm.momentum_rule}) "
+        f"quorum_size={algorithm.quorum_size}"
     )
     print(f"model: {total} parameter tensors")
     if spec.manifest.key_id is not None and store.key is None:

@@ -28,6 +28,7 @@ from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo, GraceRule
 from gradientmail.algorithms.merge import IsoC, Merge, Rda, WeightedMean
+from gradientmail.algorithms.outer import MomentumRule
 from gradientmail.backends.quantize import QuantFormat
 from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
@@ -99,6 +100,8 @@ class NodeSettings(BaseSettings):
     """Nesterov outer learning rate. Run-wide."""
     outer_momentum: float = _ALGORITHM["outer_momentum"].default
     """Nesterov outer momentum; 0 disables it. Run-wide."""
+    momentum_rule: MomentumRule = _ALGORITHM["momentum_rule"].default
+    """β of each round: ``damped`` (scaled by the share of merged work trained on the round's base) or ``fixed``. Run-wide."""
     quorum_size: int = _ALGORITHM["quorum_size"].default
     """Accepted contributions a round waits for before its grace window (K). Run-wide."""
     in_flight: int | None = _ALGORITHM["in_flight"].default

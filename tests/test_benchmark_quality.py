@@ -54,3 +54,24 @@ def test_quick_regime_matrix_prints_each_regime_beside_its_references(tmp_path):
         assert entry["arm"]["rounds"] >= 1 and 0 < entry["arm"]["merged_share"] <= 1
     assert len(saved["targets"]) == 3 * len(saved["regimes"])
     assert (run / "loss.png").stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_quick_straggler_run_times_both_arms_to_lock_step_loss(tmp_path):
+    """The time-to-loss smoke run: lock-step DiLoCo and the defaults at speeds 1:1:2:4, every
+    committed version evaluated against its commit time, the ratio and its verdict printed."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.quality", "--straggler", "--quick", "--runs-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "lock-step DiLoCo" in result.stdout and ("[met]" in result.stdout or "[NOT MET]" in result.stdout)
+    (run,) = tmp_path.iterdir()
+    saved = json.loads((run / "result.json").read_text())
+    lock, ours = saved["arms"]
+    assert lock["steps"] == [60] * 4 and ours["steps"] == [240, 240, 120, 60]  # the fast ones train on
+    for arm in (lock, ours):
+        times = [t for t, _, _ in arm["points"]]
+        assert times == sorted(times) and times[0] == 0.0 and arm["points"][-1][1] >= 2  # versions in commit order
+        assert arm["final_loss"] < 5.0
+    assert (run / "loss.png").stat().st_size > 10_000

@@ -15,7 +15,9 @@ def test_defaults_match_the_guide():
     config = gm.DiLoCo()
     assert (config.outer_lr, config.outer_momentum, config.quorum_size) == (0.7, 0.9, 1)
     assert config.merge == gm.Rda(direct_pattern="embed")
-    assert config.flush_on_close is False and config.delta_dtype is None
+    assert config.delta_dtype is None
+    # measured departures (docs/session.md), each one setting from the guide
+    assert config.flush_on_close is True and config.momentum_rule == "damped" and config.grace_rule == "live"
 
 
 def test_manifest_round_trip():

@@ -353,7 +353,9 @@ def test_in_process_learners_align_and_close_on_the_newest_version():
     box = gm.MemoryMailbox()
     models = [numpy_model(0.0) for _ in range(2)]
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo(sync_every=5, fragments=2, overlap_steps=0)
+    # closed one after the other: with flush_on_close the later closer's final round would come after
+    # the first one left, so this test of alignment keeps the guide's close
+    algorithm = gm.DiLoCo(sync_every=5, fragments=2, overlap_steps=0, flush_on_close=False)
     sessions = [
         gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)
     ]
@@ -469,7 +471,8 @@ def test_without_flush_close_drops_steps_since_the_last_contribution():
     box = gm.MemoryMailbox()
     model = numpy_model(1.0)
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    with gm.Session(model, algorithm=gm.DiLoCo(sync_every=100), mailbox=box, learner_id="solo", options=options) as session:
+    algorithm = gm.DiLoCo(sync_every=100, flush_on_close=False)  # the guide's close
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="solo", options=options) as session:
         for _ in range(3):
             for value in model.values():
                 value -= 0.5

@@ -209,7 +209,7 @@ def test_folded_scale_gives_the_unfused_bytes(backend):
 
 def test_merge_round_reuses_validation_norms(backend):
     deltas, anchor = _fragment(backend, seed=14)
-    spec = types.SimpleNamespace(algorithm=types.SimpleNamespace(merge=gm.Rda(), outer=gm.NesterovOuter()))
+    spec = types.SimpleNamespace(algorithm=gm.DiLoCo(merge=gm.Rda()))
     base = types.SimpleNamespace(params=anchor, state=gm.OuterState.zeros(backend, anchor))
 
     def accepted(with_norms: bool) -> list[Accepted]:
@@ -223,7 +223,7 @@ def test_merge_round_reuses_validation_norms(backend):
     committed = []
     for with_norms in (True, False):
         merged, final = merge_round(backend, spec, accepted(with_norms))  # type: ignore[arg-type]
-        params, _ = outer_step(backend, spec, base, merged, final)  # type: ignore[arg-type]
+        params, _ = outer_step(backend, spec, base, merged, final, spec.algorithm.outer_momentum)  # type: ignore[arg-type]
         committed.append(backend.encode(params))
     assert committed[0] == committed[1]
 

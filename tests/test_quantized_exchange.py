@@ -207,7 +207,9 @@ def test_learners_rebuild_commits_from_compact_updates_and_stay_in_step():
     box = gm.MemoryMailbox()
     models = [model(seed=5) for _ in range(2)]
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo(sync_every=5, fragments=2, overlap_steps=0, delta_quantization="int4", update_quantization="int8")
+    algorithm = gm.DiLoCo(
+        sync_every=5, fragments=2, overlap_steps=0, delta_quantization="int4", update_quantization="int8", flush_on_close=False
+    )  # closed one after the other: both end on one version only with the guide's close
     sessions = [
         gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)
     ]

@@ -24,7 +24,7 @@ from gradientmail.algorithms.merge import (
     weight,
     weighted_mean,
 )
-from gradientmail.algorithms.outer import NesterovOuter
+from gradientmail.algorithms.outer import MomentumRule, NesterovOuter
 from gradientmail.backends.payload import FLOAT_DTYPES
 from gradientmail.backends.quantize import DEFAULT_BLOCK, Codec, QuantFormat
 
@@ -50,6 +50,7 @@ RUN_FIELDS = (
     "grace_max_s",
     "grace_rule",
     "grace_periods",
+    "momentum_rule",
 )
 """Fields every node of a run must share (compared against the manifest on join).
 
@@ -76,6 +77,12 @@ class DiLoCo(FrozenConfig):
     """Nesterov outer learning rate η (with ``merge=IsoC()``: 1.4 unless set)."""
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     """Nesterov outer momentum β; 0 disables momentum (with ``merge=IsoC()``: 0.8 unless set)."""
+    momentum_rule: MomentumRule = "damped"
+    """β of each round (docs/algorithms.md, "Momentum on carried work"): ``damped`` (the default,
+    chosen on the torchft side-by-side and the regime matrix, docs/benchmarks.md) —
+    ``outer_momentum`` × the share of the merged work trained on the round's base, so work
+    carried across an alignment is not pushed by momentum it never saw; ``fixed`` —
+    ``outer_momentum`` every round (the guide). The same wherever no work is carried."""
     quorum_size: int = Field(default=1, gt=0)
     """Accepted contributions a round waits for before its grace window (K)."""
     max_staleness: int = Field(default=0, ge=0)
@@ -96,8 +103,10 @@ class DiLoCo(FrozenConfig):
     max_carried_steps: int | None = Field(default=None, gt=0)
     """Most steps of unmerged work a learner carries; past it the work is dropped and reported
     with reason ``carry_limit``. None: 4 × ``sync_every``."""
-    flush_on_close: bool = False
-    """Publish the steps trained since the last contribution when the session closes."""
+    flush_on_close: bool = True
+    """Publish the steps trained since the last contribution when the session closes (a round
+    made only of such final contributions commits θ − Δ without momentum); False: the guide's
+    behaviour, they are dropped. See docs/session.md for the measurements behind the default."""
     delta_dtype: str | None = None
     """dtype deltas travel in; None means each parameter's own dtype."""
     delta_quantization: QuantFormat | None = None
@@ -218,7 +227,13 @@ class DiLoCo(FrozenConfig):
     def standard(cls, nodes: int, sync_every: int = 500, **overrides: Any) -> DiLoCo:
         """Standard DiLoCo: one fragment, lock-step rounds of every node, weighted mean."""
         settings: dict[str, Any] = dict(
-            sync_every=sync_every, fragments=1, in_flight=1, overlap_steps=0, merge=WeightedMean(), quorum_size=nodes
+            sync_every=sync_every,
+            fragments=1,
+            in_flight=1,
+            overlap_steps=0,
+            merge=WeightedMean(),
+            quorum_size=nodes,
+            momentum_rule="fixed",
         )
         settings.update(overrides)
         return cls(**settings)

@@ -15,17 +15,60 @@ Each tensor takes one fused pass (:meth:`Backend.outer_update`) that reads θ, m
 writes new θ' and m'. A :class:`~gradientmail.algorithms.merge.MergedDelta` passes its
 unapplied scale (RDA's r̄/‖u‖) into that pass instead of costing one of its own; the
 arithmetic is the same (``fp32(s·u)`` first), so the bytes match stepping on the scaled delta.
+
+β per round (``DiLoCo.momentum_rule``): a learner that trains on while its round closes
+publishes work computed on a model older than the base it is applied to (its carried steps);
+momentum on such delayed deltas overshoots, since the deltas do not yet reflect the steps the
+momentum already took (asynchrony acts as momentum of its own: Mitliagkas et al. 2016). The
+``damped`` rule scales β by the share of the merged work trained on the round's base
+(:func:`round_momentum`); with no carried work — lock-step rounds — it is β itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gradientmail.algorithms.merge import MergedDelta
 from gradientmail.backends import Backend, Tensor
 
 LOW_PRECISION_DTYPES = frozenset({"bfloat16", "float16", "float8_e4m3fn", "float8_e5m2"})
+
+MomentumRule = Literal["damped", "fixed"]
+"""β of each round's outer step (``DiLoCo.momentum_rule``): ``damped`` — ``outer_momentum`` ×
+the fresh share of the merged work (:func:`round_momentum`); ``fixed`` — ``outer_momentum``."""
+
+
+@dataclass(frozen=True)
+class MergedWork:
+    """What the momentum rule reads of one merged contribution (all in its round record)."""
+
+    weight: float
+    steps: int
+    carried_steps: int
+    staleness: int = 0
+
+
+def fresh_share(work: Sequence[MergedWork]) -> float:
+    """The share of the merged work trained on the round's base, weighted as the merge weights
+    it: a contribution's steps less those carried across its alignment, none of a stale one's
+    (based on an older version). 1 with nothing carried, or nothing weighed."""
+    total = sum(w.weight for w in work)
+    if total <= 0:
+        return 1.0
+    fresh = 0.0
+    for w in work:
+        if w.staleness == 0 and w.steps > 0:
+            fresh += w.weight * (w.steps - min(w.carried_steps, w.steps)) / w.steps
+        elif w.staleness == 0:
+            fresh += w.weight
+    return min(1.0, fresh / total)
+
+
+def round_momentum(momentum: float, rule: MomentumRule, work: Sequence[MergedWork]) -> float:
+    """β for one round's outer step: the one rule the syncer steps by and replay recomputes."""
+    return momentum if rule == "fixed" else momentum * fresh_share(work)
 
 
 @dataclass

@@ -297,6 +297,8 @@ class RoundRecord(Record):
     merge: dict[str, Any]
     outer_lr: float
     outer_momentum: float
+    """β the round's outer step used: ``DiLoCo.outer_momentum``, scaled by the fresh share of
+    the merged work under ``momentum_rule="damped"``."""
     final: bool = False
     """True when every participant was final: θ − Δ without momentum."""
     params: PayloadRef

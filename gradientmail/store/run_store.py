@@ -142,6 +142,8 @@ class VersionDraft:
     update: tuple[Codec, quantized_payload.Parts] | None = None
     """The compact form of ``params`` − version ``base_version``'s parameters, written as a
     third blob and referenced as the record's ``update``."""
+    outer_momentum: float | None = None
+    """β the round's outer step used (``DiLoCo.momentum_rule``); None: ``algorithm.outer_momentum``."""
 
 
 class RunStore:
@@ -334,7 +336,7 @@ class RunStore:
             rejected=draft.rejected,
             merge=algorithm.merge.to_manifest(),
             outer_lr=algorithm.outer_lr,
-            outer_momentum=algorithm.outer_momentum,
+            outer_momentum=algorithm.outer_momentum if draft.outer_momentum is None else draft.outer_momentum,
             final=draft.final,
             params=params_ref,
             outer_state=state_ref,

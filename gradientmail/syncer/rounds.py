@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gradientmail.algorithms.merge import MergedDelta, merge_from_manifest, merge_tensors_scaled, staleness_discount, weight
-from gradientmail.algorithms.outer import OuterState
+from gradientmail.algorithms.outer import MergedWork, NesterovOuter, OuterState, round_momentum
 from gradientmail.backends import Backend, Tensor
 from gradientmail.backends.quantize import compact_update
 from gradientmail.backends.quantized_payload import Parts
@@ -61,6 +61,7 @@ __all__ = [
     "load_base",
     "merge_round",
     "outer_step",
+    "round_beta",
     "replay_round",
     "validate",
 ]
@@ -271,6 +272,8 @@ class RoundDraft:
     """``clock()`` when the last merge ended (the syncer's phase timings)."""
     stepped_at: float = 0.0
     """``clock()`` when the last outer step ended."""
+    momentum: float | None = None
+    """β the outer step used (``round_momentum``); the round record states it."""
 
     def participant_records(self) -> tuple[Participant, ...]:
         """The round record's ``participants``."""
@@ -320,7 +323,8 @@ def close_round(
     while participants:
         merged, final = merge_round(backend, spec, participants)
         merged_at = clock()
-        params, state = outer_step(backend, spec, base, merged, final)
+        momentum = round_beta(spec, participants)
+        params, state = outer_step(backend, spec, base, merged, final, momentum)
         stepped_at = clock()
         if all_finite(backend, params) and all_finite(backend, state.momentum) and all_finite(backend, state.master):
             committed, state, update = compact_update_step(backend, spec, base, params, state)
@@ -334,6 +338,7 @@ def close_round(
                 tuple(non_finite),
                 merged_at,
                 stepped_at,
+                momentum,
             )
         worst = max(participants, key=lambda a: a.norm)
         participants = [a for a in participants if a is not worst]
@@ -360,11 +365,20 @@ def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -
     return merged, all(a.contribution.final for a in accepted)
 
 
+def round_beta(spec: RunSpec, participants: Sequence[Accepted]) -> float:
+    """The β of the outer step of a round merging ``participants`` (their weights as capped):
+    the run's ``momentum_rule`` applied to what the round merges (INV-18)."""
+    work = [MergedWork(a.weight, a.contribution.steps, a.contribution.carried_steps, a.staleness) for a in participants]
+    return round_momentum(spec.algorithm.outer_momentum, spec.algorithm.momentum_rule, work)
+
+
 def outer_step(
-    backend: Backend, spec: RunSpec, base: Base, merged: Mapping[str, Tensor], final: bool
+    backend: Backend, spec: RunSpec, base: Base, merged: Mapping[str, Tensor], final: bool, momentum: float
 ) -> tuple[dict[str, Tensor], OuterState]:
-    """The outer step of ``close_round``: the Nesterov outer step on the merged delta."""
-    return spec.algorithm.outer.step(backend, base.params, base.state, merged, final=final)
+    """The outer step of ``close_round``: the Nesterov outer step on the merged delta, with
+    the round's β (``round_momentum``)."""
+    outer = NesterovOuter(lr=spec.algorithm.outer_lr, momentum=momentum)
+    return outer.step(backend, base.params, base.state, merged, final=final)
 
 
 def compact_update_step(

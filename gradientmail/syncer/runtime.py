@@ -583,6 +583,7 @@ class SyncerRuntime:
             samples_per_step_cap=draft.samples_per_step_cap,
             backend=self.backend.name,
             update=(codec, draft.update) if codec is not None and draft.update is not None else None,
+            outer_momentum=draft.momentum,
         )
 
     def _committed(
