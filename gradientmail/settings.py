@@ -233,11 +233,8 @@ class NodeSettings(BaseSettings):
 
     def key(self) -> RunKey | None:
         """The run key from ``run_key`` or ``run_key_file`` (setting both is an error)."""
-        if self.run_key is not None and self.run_key_file is not None:
-            raise InvalidConfig("run_key", "set GRADIENTMAIL_RUN_KEY or GRADIENTMAIL_RUN_KEY_FILE, not both")
-        if self.run_key is not None:
-            return RunKey(self.run_key.get_secret_value())
-        return RunKey.from_file(self.run_key_file) if self.run_key_file is not None else None
+        secret = self.run_key.get_secret_value() if self.run_key is not None else None
+        return RunKey.from_settings(secret, self.run_key_file)
 
     def retention(self) -> Retention:
         return Retention(**{name: getattr(self, name) for name in _RETENTION})

@@ -86,8 +86,13 @@ def test_run_key_settings_and_keygen(tmp_path, monkeypatch):
         gm.NodeSettings.from_env().key()
     monkeypatch.delenv("GRADIENTMAIL_RUN_KEY_FILE")
     monkeypatch.setenv("GRADIENTMAIL_RUN_KEY", "short")
-    with pytest.raises(gm.InvalidConfig, match="run_key: must be at least 32 bytes"):
+    with pytest.raises(gm.InvalidConfig, match="run_key: GRADIENTMAIL_RUN_KEY must be at least 32 bytes"):
         gm.NodeSettings.from_env().key()
+    with pytest.raises(gm.InvalidConfig, match="run_key: GRADIENTMAIL_RUN_KEY must be at least 32 bytes"):
+        RunKey.from_env()  # what gm.Session reads: the same rule, the same message
+    monkeypatch.setenv("GRADIENTMAIL_RUN_KEY", "")
+    with pytest.raises(gm.InvalidConfig, match=r"GRADIENTMAIL_RUN_KEY must be at least 32 bytes \(got 0\)"):
+        RunKey.from_env()  # set but empty (an unset compose variable): an error, never an unsigned run
     with pytest.raises(gm.InvalidConfig, match="run_key_file: cannot read"):
         RunKey.from_file(tmp_path / "missing.key")
     assert generate_run_key() != generate_run_key()
@@ -131,3 +136,67 @@ def test_close_does_not_wait_for_commits_no_syncer_can_make(tmp_path):
     waited = time.monotonic() - started
     assert waited < 60, f"close waited {waited:.1f} s for a commit no syncer could make"
     assert learner.versions == {0: 0}  # nothing committed; the model is back on version 0
+
+
+README_PRELUDE = """
+import torch
+model = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))  # 8 tensors, one per fragment
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+dataloader = [torch.randn(8, 4) for _ in range(3)]
+
+def train_step(model, optimizer, batch):
+    optimizer.zero_grad()
+    loss = model(batch).pow(2).mean()
+    loss.backward()
+    optimizer.step()
+    return loss
+"""
+
+
+def readme_snippet() -> str:
+    """The README's "Connecting a training loop" code, as a user copies it."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Connecting a training loop", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("variable", ["GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"])
+def test_the_readmes_snippet_with_only_the_variable_set_signs_the_run(s3_server, tmp_path, variable):
+    """INV-10: the README's snippet, run unchanged against a loopback S3 bucket with the run key
+    given only as the environment variable the README names, creates a signed run (its manifest
+    records the key's id), which a node without the key cannot join."""
+    import boto3
+
+    client = boto3.client(
+        "s3", endpoint_url=s3_server.endpoint_url, region_name=s3_server.region,
+        aws_access_key_id=s3_server.access_key, aws_secret_access_key=s3_server.secret_key,
+    )  # fmt: skip
+    if "my-training" not in {b["Name"] for b in client.list_buckets()["Buckets"]}:
+        client.create_bucket(Bucket="my-training")
+    prefix = f"runs/example-{variable.lower()}"
+    snippet = readme_snippet()
+    assert 'prefix="runs/example"' in snippet
+    key_file = tmp_path / "run.key"
+    key_file.write_text(KEY + "\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("GRADIENTMAIL_", "AWS_"))},
+        **s3_server.env,
+        "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+        "AWS_DEFAULT_REGION": s3_server.region,
+        "PYTHONPATH": str(ROOT),
+        variable: KEY if variable == "GRADIENTMAIL_RUN_KEY" else str(key_file),
+    }
+    code = README_PRELUDE + snippet.replace('prefix="runs/example"', f'prefix="{prefix}"')
+    ran = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    box = gm.S3Mailbox(
+        "my-training", prefix, endpoint_url=s3_server.endpoint_url, region=s3_server.region,
+        access_key_id=s3_server.access_key, secret_access_key=s3_server.secret_key,
+    )  # fmt: skip
+    manifest = gm.records.Manifest.model_validate_json(box.get("manifest.json"))
+    assert manifest.key_id == RunKey(KEY).key_id
+    import torch
+
+    intruder = torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(4)))
+    with pytest.raises(gm.RunConfigMismatch, match="the run is signed"):
+        gm.Session(intruder, algorithm=gm.DiLoCo(sync_every=100, fragments=8), mailbox=box, learner_id="intruder").open()

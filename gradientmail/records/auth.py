@@ -12,13 +12,17 @@ import hashlib
 import hmac
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from gradientmail.errors import InvalidConfig, Unauthenticated
 from gradientmail.records.models import Record
 
-__all__ = ["MIN_KEY_BYTES", "RunKey", "generate_run_key"]
+__all__ = ["ENV_KEY", "ENV_KEY_FILE", "MIN_KEY_BYTES", "RunKey", "generate_run_key"]
+
+ENV_KEY, ENV_KEY_FILE = "GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"
+"""The environment variables every way to start a node reads the run key from."""
 
 MIN_KEY_BYTES = 32
 """A key shorter than this is refused: HMAC-SHA256 wants at least 256 bits of secret."""
@@ -36,11 +40,14 @@ class RunKey:
 
     __slots__ = ("_secret", "key_id")
 
-    def __init__(self, secret: str | bytes) -> None:
+    def __init__(self, secret: str | bytes, *, source: str | None = None) -> None:
+        """``source`` names where the secret came from (an environment variable) in errors."""
         raw = secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
         if len(raw) < MIN_KEY_BYTES:
+            given = f"{source} " if source else ""
             raise InvalidConfig(
-                "run_key", f"must be at least {MIN_KEY_BYTES} bytes (got {len(raw)}); make one with `gradientmail keygen`"
+                "run_key",
+                f"{given}must be at least {MIN_KEY_BYTES} bytes (got {len(raw)}); make one with `gradientmail keygen`",
             )
         self._secret = raw
         self.key_id: str = hmac.new(raw, b"gradientmail run key id", hashlib.sha256).hexdigest()[:16]
@@ -52,23 +59,38 @@ class RunKey:
     __str__ = __repr__
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> RunKey:
-        """The key stored in a file (trailing whitespace ignored)."""
+    def from_file(cls, path: str | os.PathLike[str], *, source: str | None = None) -> RunKey:
+        """The key stored in a file (trailing whitespace ignored); ``source`` names the setting
+        that gave the path, in errors."""
+        given = f"{source} " if source else ""
         try:
             text = Path(path).read_text(encoding="utf-8").strip()
         except OSError as exc:
-            raise InvalidConfig("run_key_file", f"cannot read {os.fspath(path)!r}: {exc.strerror}") from None
-        return cls(text)
+            raise InvalidConfig("run_key_file", f"{given}cannot read {os.fspath(path)!r}: {exc.strerror}") from None
+        return cls(text, source=f"the file {given}names ({os.fspath(path)!r})")
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> RunKey | None:
-        """``GRADIENTMAIL_RUN_KEY``, else the file ``GRADIENTMAIL_RUN_KEY_FILE`` names, else None."""
+    def from_settings(
+        cls, secret: str | None, file: str | os.PathLike[str] | None, *, names: tuple[str, str] = (ENV_KEY, ENV_KEY_FILE)
+    ) -> RunKey | None:
+        """The one rule for a key given as a secret or as a file that holds it (the
+        ``run_key`` / ``run_key_file`` pair of every way to configure a node): both is an
+        error, either builds the key, neither is None (an unsigned run). A setting that is
+        present but empty is a key too short, never an unsigned run. ``names`` are the two
+        settings as the user set them, for errors."""
+        if secret is not None and file is not None:
+            raise InvalidConfig("run_key", f"set {names[0]} or {names[1]}, not both")
+        if secret is not None:
+            return cls(secret, source=names[0])
+        return cls.from_file(file, source=names[1]) if file is not None else None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RunKey | None:
+        """``GRADIENTMAIL_RUN_KEY`` or the file ``GRADIENTMAIL_RUN_KEY_FILE`` names (not both),
+        else None; a bad key (an empty variable included) is an ``InvalidConfig`` that names
+        the variable."""
         env = os.environ if environ is None else environ
-        if env.get("GRADIENTMAIL_RUN_KEY"):
-            return cls(env["GRADIENTMAIL_RUN_KEY"])
-        if env.get("GRADIENTMAIL_RUN_KEY_FILE"):
-            return cls.from_file(env["GRADIENTMAIL_RUN_KEY_FILE"])
-        return None
+        return cls.from_settings(env.get(ENV_KEY), env.get(ENV_KEY_FILE))
 
     def mac(self, location: str, record: Record) -> str:
         """The MAC of ``record`` stored at mailbox key ``location``."""

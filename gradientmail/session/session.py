@@ -148,7 +148,9 @@ class Session:
     ``backend`` overrides the framework guess. ``mailbox`` is a mailbox or its URL; a mailbox
     opened here from a URL is closed when the session closes, one passed in stays the caller's.
     ``run_key`` (a secret string or :class:`~gradientmail.records.auth.RunKey`) signs and checks
-    every record (docs/security.md); every node of a run needs the same one. ``retention`` is
+    every record (docs/security.md); every node of a run needs the same one. Without it the
+    session reads ``GRADIENTMAIL_RUN_KEY`` or ``GRADIENTMAIL_RUN_KEY_FILE``, as every other way
+    to start a node does (``RunKey.from_env``); an explicit ``run_key`` wins. ``retention`` is
     the storage policy a new run is created with (a joiner uses the run's).
     """
 
@@ -177,7 +179,7 @@ class Session:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
         self.retention = retention or Retention()
-        key = run_key if isinstance(run_key, RunKey) or run_key is None else RunKey(run_key)
+        key = run_key if isinstance(run_key, RunKey) else RunKey(run_key) if run_key is not None else RunKey.from_env()
         self.stats = SessionStats()
         self._owns_mailbox = isinstance(mailbox, str)
         self._mailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
