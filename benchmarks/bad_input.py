@@ -392,7 +392,7 @@ def _anchor_differs(a: Attack) -> list[Hostile]:
 
 
 def _huge_finite_delta(a: Attack) -> list[Hostile]:
-    return [Hostile(a.forge(delta=a.filled(3e38)), "non_finite")]
+    return [Hostile(a.forge(delta=a.filled(3e38)), "outlier")]  # 10³⁸ × the parameters: past their bound
 
 
 def _blob_larger_than_record(a: Attack) -> list[Hostile]:

@@ -20,6 +20,7 @@ from gradientmail.errors import (
     BackendUnavailable,
     ContributionRejected,
     CorruptPayload,
+    DuplicateLearner,
     GradientMailError,
     IncompatiblePayload,
     InvalidConfig,
@@ -82,6 +83,7 @@ __all__ = [
     "ObjectTooLarge",
     "BackendUnavailable",
     "ContributionRejected",
+    "DuplicateLearner",
     "IncompatiblePayload",
     "__version__",
 ]

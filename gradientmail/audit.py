@@ -68,6 +68,7 @@ def audit_run(store: RunStore, spec: RunSpec, say: Callable[[str], None] = lambd
     for fragment in range(len(spec.fragments)):
         _audit_fragment(store, spec, fragment, report)
     _audit_leases(store, report)
+    _audit_names(store, len(spec.fragments), report)
     for line in report.checked:
         say(f"ok    {line}")
     for line in report.warnings:
@@ -138,7 +139,17 @@ def _check_head(store: RunStore, fragment: int, newest: int, top: StoredRound | 
         report.warn(f"fragment {fragment}: no valid head pointer")
     elif head.version == newest and head.record_sha256 != top.sha256:
         report.fail(f"fragment {fragment} version {newest}: the record differs from the one the head pointer names (rewritten)")
-    elif head.version != newest:
+    elif head.version > newest:
+        report.fail(
+            f"fragment {fragment}: the head pointer names version {head.version}, but the newest record is version {newest} "
+            "(newer records were deleted)"
+        )
+    elif head.version < newest - 1:
+        report.fail(
+            f"fragment {fragment}: the head pointer names version {head.version}, {newest - head.version} behind the newest "
+            f"record {newest} (a replayed or rolled-back head)"
+        )
+    elif head.version != newest:  # a commit in progress, or its head write failed: the next one fixes it
         report.warn(f"fragment {fragment}: head pointer at version {head.version}, newest is {newest}")
     else:
         report.ok(f"fragment {fragment}: head pointer names version {newest} and its digest")
@@ -215,6 +226,18 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     scale = max(float(np.max(np.abs(b64))) if b64.size else 0.0, 1e-30)
     return bool(np.all(np.abs(a64 - b64) <= REPLAY_TOLERANCE * scale))
+
+
+def _audit_names(store: RunStore, fragments: int, report: AuditReport) -> None:
+    """Every object under the run's fragments and leases is a key of the layout: anything else
+    was written outside the protocol (nodes skip it, INV-7; the audit names it)."""
+    before = store.unparsable_keys
+    listed = sum(len(store.listed(keys.fragment_root(f))) for f in range(fragments)) + len(store.listed("leases/"))
+    strays = store.unparsable_keys - before
+    if strays:
+        report.fail(f"{strays} objects in the mailbox are no key of the run's layout (written outside the protocol; logged)")
+    else:
+        report.ok(f"all {listed} objects under fragments/ and leases/ are keys of the layout")
 
 
 def _audit_leases(store: RunStore, report: AuditReport) -> None:

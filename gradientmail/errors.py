@@ -23,6 +23,7 @@ __all__ = [
     "Unauthenticated",
     "ObjectTooLarge",
     "ContributionRejected",
+    "DuplicateLearner",
     "IncompatiblePayload",
     "BackendUnavailable",
 ]
@@ -86,6 +87,19 @@ class MailboxUnavailable(MailboxError):
 class MailboxMisconfigured(MailboxError):
     """The store refuses us for a reason the user must fix (bucket, credentials, features).
     Not retryable."""
+
+
+class DuplicateLearner(GradientMailError):
+    """Another process writes this learner's lease: two processes share one learner id, and
+    their contributions would reject each other's as duplicates. Not retryable: give each
+    process its own ``learner_id``."""
+
+    def __init__(self, learner: str) -> None:
+        self.learner = learner
+        super().__init__(
+            f"learner id {learner!r} is used by another process too (its lease changed under ours); give each process "
+            "its own id: gm.Session(learner_id=...) or GRADIENTMAIL_LEARNER_ID, e.g. the host name and the GPU index"
+        )
 
 
 class CorruptPayload(GradientMailError):

@@ -402,3 +402,56 @@ def test_inflated_samples_stay_capped_round_after_round(tmp_path):
         assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == run.store.read_blob(record.params)
         run.publish_honest()
         run.publish(MALLORY, steps=10, samples=SAMPLES * 1000)
+
+
+def test_a_replayed_head_or_a_deleted_newest_record_fails_the_audit(tmp_path, capsys):
+    """INV-11, INV-15: a head saved when an older version was newest and put back, and a newest
+    round record deleted (the head ahead of the records): `gradientmail audit` exits 1 naming
+    the head either way."""
+    run = create_run(gm.FileMailbox(tmp_path / "box"))
+    run.honest_round()
+    old_head = run.box.get(keys.head(FRAGMENT))
+    for _ in range(3):
+        run.honest_round()
+    assert audit(run.box.url, capsys) == (0, [])
+    run.box.put(keys.head(FRAGMENT), old_head)
+    code, failures = audit(run.box.url, capsys)
+    assert code == 1 and any("a replayed or rolled-back head" in line for line in failures), failures
+    run.honest_round()  # the next commit rewrites the head
+    assert audit(run.box.url, capsys) == (0, [])
+    run.box.delete(keys.round_record(FRAGMENT, run.newest()))
+    code, failures = audit(run.box.url, capsys)
+    assert code == 1 and any("newer records were deleted" in line for line in failures), failures
+
+
+def test_objects_outside_the_key_layout_fail_the_audit_and_never_a_pass(tmp_path, capsys):
+    """INV-7: names no key of the layout (an invalid learner id, a stray file) leave the run
+    committing and make `gradientmail audit` exit 1 with their count."""
+    run = create_run(gm.FileMailbox(tmp_path / "box"))
+    run.honest_round()
+    base = run.newest()
+    run.box.put(keys.contributions_prefix(FRAGMENT, base) + "a=b-0000000001.json", b"{}")
+    run.box.put("leases/learners/..json", b"{}")
+    run.honest_round()
+    assert run.newest() == base + 1
+    code, failures = audit(run.box.url, capsys)
+    assert code == 1 and any("2 objects in the mailbox are no key of the run's layout" in line for line in failures), failures
+
+
+def test_a_deleted_newest_round_record_does_not_stop_the_syncer(tmp_path, caplog):
+    """INV-3: with the newest record deleted, the head names a version whose record is gone; a
+    syncer taking over loads the version before and commits on (it does not reload forever),
+    reporting the head once."""
+    run = create_run(gm.FileMailbox(tmp_path / "box"))
+    for _ in range(3):
+        run.honest_round()
+    gone = run.newest()
+    run.box.delete(keys.round_record(FRAGMENT, gone))
+    assert run.newest() == gone - 1
+    run.syncer.election.resign()  # the holder leaves; a new one takes over from the mailbox
+    successor = run.new_syncer("successor")
+    with caplog.at_level("WARNING", logger="gradientmail.syncer.runtime"):
+        run.publish_honest()
+        committed = run.commit_next(successor)
+    assert committed.record.version == gone and committed.record.committed_by == "successor"
+    assert sum("whose record is gone" in r.getMessage() for r in caplog.records) == 1

@@ -595,3 +595,93 @@ def train_until_a_commit_of_another_learner(session: gm.Session, box: gm.Mailbox
     session.step(samples=1)  # the step aligns with it
     assert session.versions[0] == 1 and session.stats.steps == 7
     return 7
+
+
+def test_names_that_are_no_key_of_the_layout_are_skipped_counted_and_logged_once(run, caplog):
+    """INV-7: objects whose names hold an invalid learner id (``a=b``, ``..``, 65 characters) or
+    match no key at all, dropped among the contributions, rounds, versions and leases, never stop
+    a pass: the round commits the real contribution, each name is counted once and logged once."""
+    box, store, spec, syncer = run
+    junk = [
+        keys.contributions_prefix(0, 0) + "a=b-0000000001.json",
+        keys.contributions_prefix(0, 0) + "..-0000000001.json",
+        keys.contributions_prefix(0, 0) + "x" * 65 + "-0000000001.json",
+        keys.contributions_prefix(0, 0) + "stray.txt",
+        keys.rounds_prefix(0) + "0000000009.json.bak",
+        keys.versions_prefix(0) + "0000000001/params-a=b.ff.safetensors",
+        keys.LEARNER_LEASES + "a=b.json",
+    ]
+    for name in junk:
+        box.put(name, b"{}")
+    contribute(store, "good", 0, numpy_model(2.0), 10, 80)
+    with caplog.at_level("WARNING", logger="gradientmail.store.run_store"):
+        for _ in range(3):
+            syncer.run_once()
+    assert store.newest_version(0) == 1
+    assert [p.learner for p in store.read_round(0, 1).participants] == ["good"]
+    with caplog.at_level("WARNING", logger="gradientmail.store.run_store"):  # every listing a name sits in
+        assert {c.learner for c in store.contributions(0)} == {"good"} and 1 in store.committed_versions(0)
+        assert "a=b" not in store.learners_with_leases() and 1 in store.version_blobs(0)
+    assert store.unparsable_keys == len(junk)
+    skipped = [r.getMessage() for r in caplog.records if "not a name of the run's key layout" in r.getMessage()]
+    assert [sum(repr(name) in message for message in skipped) for name in junk] == [1] * len(junk)  # once each
+    contribute(store, "good", 1, numpy_model(2.5), 10, 80)
+    syncer.run_once()
+    assert store.newest_version(0) == 2
+
+
+def test_a_flood_of_records_cannot_crowd_out_a_live_learner_or_oversize_the_round_record(run):
+    """INV-7, INV-12: 1,100 junk contribution records listed before a live learner's: the round
+    examines at most ROUND_CONTRIBUTION_LIMIT, the live learner's first, rejects the rest
+    ``flood`` unread, lists 256 rejections and counts the rest by reason, and commits."""
+    from gradientmail.records.models import MAX_LISTED_REJECTIONS
+    from gradientmail.store import LearnerLease
+    from gradientmail.syncer.runtime import ROUND_CONTRIBUTION_LIMIT
+
+    box, store, spec, syncer = run
+    LearnerLease(store, "zz-real", 10.0).renew({})
+    junk = 1100
+    for i in range(junk):  # ids that sort before the real one, as a listing returns them
+        box.put(keys.contribution_record(0, 0, f"a{i:05d}", 1), b"{}")
+    contribute(store, "zz-real", 0, numpy_model(2.0), 10, 80)
+    syncer.run_once()
+    record = store.read_round(0, 1)
+    assert [p.learner for p in record.participants] == ["zz-real"]
+    assert len(record.rejected) == MAX_LISTED_REJECTIONS
+    assert len(record.rejected) + sum(record.rejections_omitted.values()) == junk
+    flooded = junk - (ROUND_CONTRIBUTION_LIMIT - 1)
+    listed_flood = sum(r.reason == "flood" for r in record.rejected)
+    assert record.rejections_omitted.get("flood", 0) + listed_flood == flooded
+    assert record.rejections_omitted.get("malformed", 0) + sum(r.reason == "malformed" for r in record.rejected) == junk - flooded
+
+
+def test_a_replayed_head_cannot_point_a_joiner_or_a_new_syncer_back(run, caplog):
+    """INV-15: the head saved when version 1 was newest, put back after versions 2 and 3 (the
+    record of 2 collected, as retention does): finding the newest without a known version takes
+    the newer of the head and the listing, and logs the head it ignored."""
+    box, store, spec, syncer = run
+    contribute(store, "a", 0, numpy_model(2.0), 10, 80)
+    syncer.run_once()
+    old_head = box.get(keys.head(0))
+    for base in (1, 2):
+        contribute(store, "a", base, numpy_model(2.0 + base), 10, 80)
+        syncer.run_once()
+    assert store.newest_version(0) == 3
+    box.delete(keys.round_record(0, 2))
+    box.put(keys.head(0), old_head)
+    with caplog.at_level("WARNING", logger="gradientmail.store.run_store"):
+        assert store.newest_version(0) == 3
+    assert any("names version 1, behind version 3" in r.getMessage() for r in caplog.records)
+
+
+def test_a_huge_finite_delta_is_an_outlier_from_the_first_round(run):
+    """INV-12: before any history, a delta of 1e4 per element (finite, and 10⁵ × the parameters'
+    norm) is rejected as ``outlier``; an honest one in the same round is merged."""
+    box, store, spec, syncer = run
+    contribute(store, "mallory", 0, numpy_model(1.0 - 1e4), 10, 80)  # Δ = anchor − local = 1e4 per element
+    contribute(store, "honest", 0, numpy_model(1.5), 10, 80)
+    syncer.run_once()
+    record = store.read_round(0, 1)
+    assert [p.learner for p in record.participants] == ["honest"]
+    assert {r.learner: r.reason for r in record.rejected} == {"mallory": "outlier"}
+    assert np.abs(committed_params(store, 1)["mlp.weight"]).max() < 10

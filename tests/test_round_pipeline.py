@@ -212,3 +212,32 @@ def test_committed_blobs_carry_the_digests_of_their_bytes() -> None:
     for ref in (stored.record.params, stored.record.outer_state):
         data = run.store.mailbox.get(ref.key)
         assert (hashlib.sha256(data).hexdigest(), len(data)) == (ref.sha256, ref.size_bytes)
+
+
+def test_a_merge_that_overflows_is_retried_without_the_largest_delta():
+    """INV-12: deltas that pass validation but whose merge or outer step is not finite (here
+    3e38 per element at 100 × an honest weight: the Nesterov step overflows fp32) are never
+    committed: ``close_round`` drops the largest and merges the rest, recording ``non_finite``."""
+    import types
+
+    from gradientmail.algorithms.outer import OuterState
+    from gradientmail.backends import get_backend
+    from gradientmail.syncer.rounds import Accepted, Base, RoundDraft, close_round
+
+    numpy = get_backend("numpy")
+    run = create_run(MemoryMailbox())
+    version = run.store.load_version(run.spec, FRAGMENT, 0)
+    base = Base(dict(version.params), OuterState.zeros(numpy, version.params))
+    honest = {n: np.full_like(v, 0.01) for n, v in version.params.items()}
+    huge = {n: np.full_like(v, 3e38) for n, v in version.params.items()}
+
+    def accepted(learner: str, delta: dict[str, np.ndarray], weight: float, norm: float) -> Accepted:
+        contribution = types.SimpleNamespace(learner=learner, final=False, steps=10, samples=80, carried_steps=0)
+        key = keys.ContributionKey(FRAGMENT, 0, learner, 1)
+        return Accepted(key, contribution, delta, weight, norm=norm)  # type: ignore[arg-type]
+
+    draft = close_round(numpy, run.spec, base, [accepted("honest", honest, 1.0, 0.1), accepted("mallory", huge, 100.0, 3e38)])
+    assert isinstance(draft, RoundDraft)
+    assert [a.key.learner for a in draft.participants] == ["honest"]
+    assert [(r.learner, r.reason) for r in draft.non_finite] == [("mallory", "non_finite")]
+    assert all(np.isfinite(numpy.to_numpy(t)).all() for t in draft.params.values())

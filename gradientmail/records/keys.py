@@ -27,10 +27,14 @@ SYNCER_LEASE = "leases/syncer.json"
 LEARNER_LEASES = "leases/learners/"
 FRAGMENTS = "fragments/"
 
+_ID = LEARNER_ID.pattern.removeprefix("^").removesuffix("$")  # a learner id, inside a key
+_HEAD = re.compile(r"^fragments/(\d{4})/head\.json$")
 _ROUND = re.compile(r"^fragments/(\d{4})/rounds/(\d{10})\.json$")
-_VERSION_BLOB = re.compile(r"^fragments/(\d{4})/versions/(\d{10})/[^/]+$")
-_CONTRIBUTION = re.compile(r"^fragments/(\d{4})/contributions/(\d{10})/([^/]+)-(\d{10})\.json$")
-_LEARNER_LEASE = re.compile(r"^leases/learners/([^/]+)\.json$")
+_VERSION_BLOB = re.compile(
+    rf"^fragments/(\d{{4}})/versions/(\d{{10}})/(params|outer|update)-({_ID})\.([0-9a-f]{{1,32}})\.safetensors$"
+)
+_CONTRIBUTION = re.compile(rf"^fragments/(\d{{4}})/contributions/(\d{{10}})/({_ID})-(\d{{10}})\.(json|safetensors)$")
+_LEARNER_LEASE = re.compile(rf"^leases/learners/({_ID})\.json$")
 
 
 def fragment_root(fragment: int) -> str:
@@ -122,30 +126,88 @@ class ContributionKey:
         return contribution_blob(self.fragment, self.base_version, self.learner, self.sequence)
 
 
+@dataclass(frozen=True)
+class HeadKey:
+    fragment: int
+
+
+@dataclass(frozen=True)
+class VersionBlobKey:
+    """A blob of a committed version (or of an attempt that lost its race)."""
+
+    fragment: int
+    version: int
+    kind: str
+    """``params``, ``outer`` or ``update``."""
+    writer: str
+
+
+@dataclass(frozen=True)
+class ContributionBlobKey:
+    contribution: ContributionKey
+
+
+@dataclass(frozen=True)
+class LearnerLeaseKey:
+    learner: str
+
+
+@dataclass(frozen=True)
+class SingletonKey:
+    """The manifest or the syncer lease."""
+
+    key: str
+
+
+ParsedKey = HeadKey | RoundKey | VersionBlobKey | ContributionKey | ContributionBlobKey | LearnerLeaseKey | SingletonKey
+"""What a name in a run's mailbox is, by the key layout above."""
+
+
+def parse_key(key: object) -> ParsedKey | None:
+    """What an object name in a run's mailbox is, or None when it is no name of the layout.
+
+    The one parser of every listing: it never raises (anything may be dropped in a bucket),
+    and it accepts only names the key builders above produce, learner ids included, so a
+    parsed key can always be rebuilt."""
+    if not isinstance(key, str):
+        return None
+    if key in (MANIFEST, SYNCER_LEASE):
+        return SingletonKey(key)
+    if (match := _ROUND.match(key)) is not None:
+        return RoundKey(int(match[1]), int(match[2]))
+    if (match := _CONTRIBUTION.match(key)) is not None:
+        contribution = ContributionKey(int(match[1]), int(match[2]), match[3], int(match[4]))
+        return contribution if match[5] == "json" else ContributionBlobKey(contribution)
+    if (match := _VERSION_BLOB.match(key)) is not None:
+        return VersionBlobKey(int(match[1]), int(match[2]), match[3], match[4])
+    if (match := _LEARNER_LEASE.match(key)) is not None:
+        return LearnerLeaseKey(match[1])
+    if (match := _HEAD.match(key)) is not None:
+        return HeadKey(int(match[1]))
+    return None
+
+
 def parse_round_record(key: str) -> RoundKey | None:
     """The (fragment, version) a round-record key names, or None for any other key."""
-    match = _ROUND.match(key)
-    return RoundKey(int(match[1]), int(match[2])) if match else None
+    parsed = parse_key(key)
+    return parsed if isinstance(parsed, RoundKey) else None
 
 
 def parse_version_blob(key: str) -> RoundKey | None:
     """The (fragment, version) whose blob directory holds ``key``, or None for any other key."""
-    match = _VERSION_BLOB.match(key)
-    return RoundKey(int(match[1]), int(match[2])) if match else None
+    parsed = parse_key(key)
+    return RoundKey(parsed.fragment, parsed.version) if isinstance(parsed, VersionBlobKey) else None
 
 
 def parse_contribution_record(key: str) -> ContributionKey | None:
-    """What a contribution-record key names, or None if the key is not one."""
-    match = _CONTRIBUTION.match(key)
-    if not match:
-        return None
-    return ContributionKey(int(match[1]), int(match[2]), match[3], int(match[4]))
+    """What a contribution-record key names, or None if the key is not one (an invalid
+    learner id included: the key could not be rebuilt)."""
+    parsed = parse_key(key)
+    return parsed if isinstance(parsed, ContributionKey) else None
 
 
 def parse_learner_lease(key: str) -> str | None:
     """The learner whose own lease ``key`` is (the inverse of :func:`learner_lease`), or None
     for any other key, a learner id that is not valid included."""
-    match = _LEARNER_LEASE.match(key)
-    if not match or not LEARNER_ID.match(match[1]):
-        return None
-    return match[1]
+    parsed = parse_key(key)
+    return parsed.learner if isinstance(parsed, LearnerLeaseKey) else None

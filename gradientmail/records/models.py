@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 import typing
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
@@ -258,9 +259,14 @@ RejectionReason = Literal[
     "malformed",
     "unauthenticated",
     "outlier",
+    "flood",
 ]
 """Why a contribution took no part in a round; the one list (docs/protocol.md explains each)."""
 REJECTION_REASONS: tuple[RejectionReason, ...] = typing.get_args(RejectionReason)
+MAX_LISTED_REJECTIONS = 256
+"""Rejections a round record lists one by one; the rest are counted by reason."""
+MAX_REJECTION_DETAIL = 500
+"""Characters of a listed rejection's detail (it may quote what a bucket writer chose)."""
 
 
 class Rejection(BaseModel):
@@ -270,6 +276,19 @@ class Rejection(BaseModel):
     contribution: str
     reason: RejectionReason
     detail: str = ""
+
+
+def bound_rejections(rejected: Sequence[Rejection]) -> tuple[tuple[Rejection, ...], dict[RejectionReason, int]]:
+    """The rejections a round record lists (the first ``MAX_LISTED_REJECTIONS``, details cut to
+    ``MAX_REJECTION_DETAIL`` characters) and the count by reason of the rest."""
+    listed = tuple(
+        r if len(r.detail) <= MAX_REJECTION_DETAIL else r.model_copy(update={"detail": r.detail[:MAX_REJECTION_DETAIL] + "…"})
+        for r in rejected[:MAX_LISTED_REJECTIONS]
+    )
+    omitted: dict[RejectionReason, int] = {}
+    for r in rejected[MAX_LISTED_REJECTIONS:]:
+        omitted[r.reason] = omitted.get(r.reason, 0) + 1
+    return listed, omitted
 
 
 class RoundTiming(BaseModel):
@@ -294,6 +313,10 @@ class RoundRecord(Record):
     """The version the merged contributions were based on; None for version 0."""
     participants: tuple[Participant, ...] = ()
     rejected: tuple[Rejection, ...] = ()
+    """The first ``MAX_LISTED_REJECTIONS`` rejections of the round, in order."""
+    rejections_omitted: dict[RejectionReason, int] = Field(default_factory=dict)
+    """Rejections past those listed, counted by reason, so a flood of bad objects cannot make
+    the record larger than its readers accept."""
     merge: dict[str, Any]
     outer_lr: float
     outer_momentum: float

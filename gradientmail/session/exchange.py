@@ -33,7 +33,7 @@ from gradientmail.algorithms import align
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends.quantize import quantize, quantize_with_feedback
 from gradientmail.backends.quantized_payload import encode_parts
-from gradientmail.errors import CorruptPayload, GradientMailError, IncompatiblePayload, KeyNotFound
+from gradientmail.errors import CorruptPayload, DuplicateLearner, GradientMailError, IncompatiblePayload, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import RoundRecord
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication, Residual
@@ -108,6 +108,8 @@ class Exchange:
         self._on_published = on_published
         self._probe: set[int] = set()
         """Fragments the syncer in this process just committed: probed on the next pass."""
+        self.failure: GradientMailError | None = None
+        """What stops this learner (another process with its id); ``Session.step`` raises it."""
         self._probe_lock = threading.Lock()
         self.publish_to_commit_s: collections.deque[float] = collections.deque(maxlen=_LATENCIES_KEPT)
         """Seconds from ``publish()`` to the commit that merged it being ready, newest last."""
@@ -404,5 +406,14 @@ class Exchange:
                 self._on_change()
 
     def renew_lease(self) -> None:
-        """Renew this learner's lease with what ``lease_info`` says (the lease loop's pass)."""
-        self._lease.renew(self._lease_info())
+        """Renew this learner's lease with what ``lease_info`` says (the lease loop's pass). A
+        second process with our id stops the renewals and is handed to the training thread
+        (``failure``)."""
+        if self.failure is not None:
+            return
+        try:
+            self._lease.renew(self._lease_info())
+        except DuplicateLearner as exc:
+            log.error("%s", exc)
+            self.failure = exc
+            self._on_change()

@@ -241,7 +241,8 @@ class Session:
         """Count one local step of ``samples`` examples (or tokens); exchange if due.
 
         Cheap unless a fragment is due or a commit is ready; blocks only as far as
-        ``overlap_steps`` asks.
+        ``overlap_steps`` asks. Raises ``DuplicateLearner`` once another process is seen writing
+        this learner's lease (two processes with one id).
         """
         run = self._run
         if run is None or not run.open:
@@ -289,6 +290,8 @@ class Session:
 
     def _exchange_between_steps(self, run: _Running) -> None:
         self._attention = False
+        if run.loops.exchange.failure is not None:
+            raise run.loops.exchange.failure
         self._align_ready(run)
         due = self._scheduled_now(run) | self._joining(run) | {i for i, f in enumerate(run.fragments) if f.deferred}
         for fragment in sorted(due):

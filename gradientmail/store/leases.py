@@ -10,13 +10,17 @@ not verify under the run key is expired at once: nobody honest wrote it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
+from gradientmail.errors import DuplicateLearner, KeyNotFound, VersionConflict
 from gradientmail.records import Lease, check_learner_id, keys
 from gradientmail.store.run_store import LeaseRead, RunStore
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Clock", "LeaseName", "LeaseObserver", "LearnerLease", "live_learners"]
 
@@ -107,13 +111,20 @@ def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
 
 
 class LearnerLease:
-    """A learner's own lease: written with plain puts (its id is its own, a restart takes it over)."""
+    """A learner's own lease. The first write is a plain put (its id is its own: a restarted
+    learner takes over its predecessor's lease); every later one is a compare-and-swap against
+    the token of our last write, so a lease that changed under us means another process writes
+    it: a second process with our id, when it holds a valid learner lease of our id
+    (``DuplicateLearner``); anything else there (garbage, another holder's lease, one that
+    does not verify in a signed run) is overwritten and logged. No request beyond the writes
+    themselves, but for the read after a conflict."""
 
     def __init__(self, store: RunStore, learner: str, ttl_s: float) -> None:
         self._store = store
         self._learner = check_learner_id(learner)
         self._ttl_s = ttl_s
         self._sequence = 0
+        self._token: str | None = None
 
     def renew(self, info: dict[str, object]) -> None:
         self._write(released=False, info=info)
@@ -126,4 +137,18 @@ class LearnerLease:
         lease = Lease(
             kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
         )
-        self._store.put_learner_lease(lease)
+        if self._token is None:
+            self._token = self._store.put_learner_lease(lease)
+            return
+        try:
+            self._token = self._store.swap_learner_lease(lease, self._token)
+        except KeyNotFound:  # deleted under us (retention never does): write it again
+            self._token = self._store.put_learner_lease(lease)
+        except VersionConflict:
+            found = self._store.read_learner_lease(self._learner, need_token=False)
+            twin = found is not None and found.lease is not None and found.lease.kind == "learner"
+            if twin and found is not None and found.lease is not None and found.lease.holder == self._learner:
+                raise DuplicateLearner(self._learner) from None  # a valid lease of our id that we did not write
+            # garbage, another holder's, or (signed run) one that does not verify: not a twin
+            log.warning("the lease of learner %s was overwritten by something no learner writes; writing it again", self._learner)
+            self._token = self._store.put_learner_lease(lease)

@@ -50,6 +50,7 @@ from gradientmail.records import (
     keys,
 )
 from gradientmail.records.auth import RunKey
+from gradientmail.records.models import bound_rejections
 from gradientmail.store.spec import RunSpec, TensorShape
 
 __all__ = [
@@ -146,6 +147,28 @@ class VersionDraft:
     """β the round's outer step used (``DiLoCo.momentum_rule``); None: ``algorithm.outer_momentum``."""
 
 
+UNPARSABLE_NAMES_LOGGED = 1000
+"""Distinct unparsable names a store logs (each once); past it they are only counted."""
+
+
+class SkippedNames:
+    """Names in a listing that are no key of the run's layout: anyone who can write to the
+    bucket can drop one, so each is skipped, counted and logged once, never fatal to a pass."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+        self.count = 0
+        """Distinct names skipped (``gradientmail.store.unparsable_keys``)."""
+
+    def skip(self, name: str) -> None:
+        if name in self._seen:
+            return
+        self.count += 1
+        if len(self._seen) < UNPARSABLE_NAMES_LOGGED:
+            self._seen.add(name)
+            log.warning("skipping %r in the mailbox: not a name of the run's key layout (docs/protocol.md)", name[:300])
+
+
 class RunStore:
     """One run's records, blobs and leases, verified on the way in and out.
 
@@ -157,6 +180,7 @@ class RunStore:
     def __init__(self, mailbox: Mailbox, key: RunKey | None = None) -> None:
         self._mailbox = mailbox
         self._key = key
+        self._skipped = SkippedNames()
 
     @property
     def mailbox(self) -> Mailbox:
@@ -173,6 +197,23 @@ class RunStore:
     def key(self) -> RunKey | None:
         """The run key records are signed and checked with (None: an unsigned run)."""
         return self._key
+
+    @property
+    def unparsable_keys(self) -> int:
+        """Distinct names this store's listings skipped as no key of the layout."""
+        return self._skipped.count
+
+    def listed(self, prefix: str) -> list[tuple[str, keys.ParsedKey]]:
+        """The names under ``prefix`` with what each is (one LIST), through the one parser of
+        the key layout (``keys.parse_key``); a name that is none is skipped and reported."""
+        found = []
+        for name in self._mailbox.list(prefix):
+            parsed = keys.parse_key(name)
+            if parsed is None:
+                self._skipped.skip(name)
+            else:
+                found.append((name, parsed))
+        return found
 
     # -- records -------------------------------------------------------------------
     def _encode(self, location: str, record: Record) -> bytes:
@@ -224,27 +265,41 @@ class RunStore:
     # -- committed versions --------------------------------------------------------
     def committed_versions(self, fragment: int) -> list[int]:
         """Every committed version of a fragment, ascending (one LIST)."""
-        found = (keys.parse_round_record(k) for k in self._mailbox.list(keys.rounds_prefix(fragment)))
-        return sorted(r.version for r in found if r is not None and r.fragment == fragment)
+        found = (parsed for _, parsed in self.listed(keys.rounds_prefix(fragment)))
+        return sorted(r.version for r in found if isinstance(r, keys.RoundKey) and r.fragment == fragment)
 
     def newest_version(self, fragment: int, known: int | None = None) -> int | None:
         """The newest committed version. From a known version, probes forward with HEADs
-        (cheap, the common case); without one, starts from the fragment's head pointer when
-        it is valid and its record exists, else from a listing of the round records (which
-        retention keeps short). Either way the answer is confirmed by probing forward."""
+        (cheap, the common case); without one, starts from the newer of the fragment's head
+        pointer (when it is valid and its record exists) and the newest round record listed
+        (one LIST; retention keeps it short), so a head replayed from an older version cannot
+        point a joiner or a new syncer back at a kept checkpoint (it is ignored and logged).
+        Either way the answer is confirmed by probing forward."""
         if known is None:
             head = self.read_head(fragment)
+            listed = self.committed_versions(fragment)
+            candidates = listed[-1:]
             if head is not None and self._mailbox.exists(keys.round_record(fragment, head.version)):
-                known = head.version
-            else:
-                versions = self.committed_versions(fragment)
-                if not versions:
-                    return None
-                known = versions[-1]
+                candidates.append(head.version)
+                if listed and head.version < listed[-1]:
+                    log.warning(
+                        "the head pointer of fragment %d names version %d, behind version %d in the mailbox: ignored "
+                        "(a replayed or stale head)",
+                        fragment,
+                        head.version,
+                        listed[-1],
+                    )
+            if not candidates:
+                return None
+            known = max(candidates)
         version = known
         while self._mailbox.exists(keys.round_record(fragment, version + 1)):
             version += 1
         return version
+
+    def round_exists(self, fragment: int, version: int) -> bool:
+        """Whether version ``version`` of ``fragment`` has its round record (one HEAD)."""
+        return self._mailbox.exists(keys.round_record(fragment, version))
 
     def read_head(self, fragment: int) -> Head | None:
         """The fragment's head pointer, or None when absent, invalid or unauthenticated."""
@@ -328,12 +383,14 @@ class RunStore:
                 update_key = keys.update_blob(fragment, version, committed_by, attempt)
                 update_ref = self._put_blob(update_key, quantized_payload.encode_parts(parts, codec), hashing)
         algorithm = draft.algorithm
+        rejected, omitted = bound_rejections(draft.rejected)
         record = RoundRecord(
             fragment=fragment,
             version=version,
             base_version=draft.base_version,
             participants=draft.participants,
-            rejected=draft.rejected,
+            rejected=rejected,
+            rejections_omitted=omitted,
             merge=algorithm.merge.to_manifest(),
             outer_lr=algorithm.outer_lr,
             outer_momentum=algorithm.outer_momentum if draft.outer_momentum is None else draft.outer_momentum,
@@ -350,6 +407,13 @@ class RunStore:
         )
         location = keys.round_record(fragment, version)
         data = self._encode(location, record)
+        if len(data) > RoundRecord.max_bytes:  # never commit what every reader would refuse
+            for orphan in (params_ref.key, state_ref.key, *([update_ref.key] if update_ref else [])):
+                self._mailbox.delete(orphan)
+            raise GradientMailError(
+                f"fragment {fragment} version {version}: the round record would be {len(data)} bytes, over the "
+                f"{RoundRecord.max_bytes} its readers accept ({len(record.participants)} participants); not committed"
+            )
         try:
             self._mailbox.create(location, data)
         except RecordExists:
@@ -416,16 +480,14 @@ class RunStore:
 
     def contributors(self, fragment: int, base_version: int) -> set[str]:
         """Learners with a contribution against ``base_version`` of ``fragment`` (one LIST)."""
-        listed = (
-            keys.parse_contribution_record(k) for k in self._mailbox.list(keys.contributions_prefix(fragment, base_version))
-        )
-        return {parsed.learner for parsed in listed if parsed is not None}
+        listed = (parsed for _, parsed in self.listed(keys.contributions_prefix(fragment, base_version)))
+        return {parsed.learner for parsed in listed if isinstance(parsed, keys.ContributionKey)}
 
     # -- contributions: the syncer's side -------------------------------------------
     def contributions(self, fragment: int) -> list[keys.ContributionKey]:
         """Every contribution of a fragment, any base version (one LIST)."""
-        listed = (keys.parse_contribution_record(k) for k in self._mailbox.list(keys.contributions_root(fragment)))
-        return [parsed for parsed in listed if parsed is not None and parsed.fragment == fragment]
+        listed = (parsed for _, parsed in self.listed(keys.contributions_root(fragment)))
+        return [parsed for parsed in listed if isinstance(parsed, keys.ContributionKey) and parsed.fragment == fragment]
 
     def read_contribution(self, key: keys.ContributionKey) -> Contribution:
         """The contribution record. Raises ``InvalidRecord`` when it does not parse, or is too
@@ -545,8 +607,8 @@ class RunStore:
     def learners_with_leases(self) -> list[str]:
         """The learners that have a lease in the mailbox, live or not (one LIST), sorted; objects
         under the learners' lease prefix that are not a learner's lease key are skipped."""
-        found = (keys.parse_learner_lease(key) for key in self.learner_lease_keys())
-        return [learner for learner in found if learner is not None]
+        found = (parsed for _, parsed in self.listed(keys.LEARNER_LEASES))
+        return [parsed.learner for parsed in found if isinstance(parsed, keys.LearnerLeaseKey)]
 
     def put_learner_lease(self, lease: Lease) -> str:
         """Write a learner's own lease (kind ``learner``) at its holder's key with a plain put
@@ -555,6 +617,13 @@ class RunStore:
         if lease.kind != "learner":
             raise ValueError(f"put_learner_lease needs a learner lease, got kind {lease.kind!r}")
         return self.put_lease(keys.learner_lease(lease.holder), lease)
+
+    def swap_learner_lease(self, lease: Lease, expected_token: str) -> str:
+        """Replace a learner's own lease by compare-and-swap against the token of its last write;
+        raises ``VersionConflict`` (someone else wrote it) or ``KeyNotFound`` (it was deleted)."""
+        if lease.kind != "learner":
+            raise ValueError(f"swap_learner_lease needs a learner lease, got kind {lease.kind!r}")
+        return self.swap_lease(keys.learner_lease(lease.holder), lease, expected_token)
 
     def create_syncer_lease(self, lease: Lease) -> str:
         """Create the syncer lease once (the first election); raises ``RecordExists`` when
@@ -570,9 +639,8 @@ class RunStore:
     def version_blobs(self, fragment: int) -> dict[int, list[str]]:
         """Every blob under the fragment's ``versions/``, by version (one LIST)."""
         found: dict[int, list[str]] = {}
-        for key in self._mailbox.list(keys.versions_prefix(fragment)):
-            parsed = keys.parse_version_blob(key)
-            if parsed is not None and parsed.fragment == fragment:
+        for key, parsed in self.listed(keys.versions_prefix(fragment)):
+            if isinstance(parsed, keys.VersionBlobKey) and parsed.fragment == fragment:
                 found.setdefault(parsed.version, []).append(key)
         return found
 

@@ -229,7 +229,7 @@ def _check(backend: Backend, fetched: Fetched, norm_limit: NormLimit | None) -> 
     contribution = fetched.contribution
     limit = norm_limit(contribution.steps) if norm_limit is not None else None
     if limit is not None and norm > limit:
-        return reject("outlier", f"delta norm {norm:.4g} exceeds {limit:.4g}, the bound from recent rounds")
+        return reject("outlier", f"delta norm {norm:.4g} exceeds {limit:.4g}, the bound from recent rounds and parameters")
     return Accepted(fetched.key, contribution, delta, fetched.weight, fetched.staleness, norm, tensor_norms)
 
 

@@ -41,6 +41,7 @@ drive the same ones (or ``run_once``, everything at once whatever the pace).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -88,6 +89,11 @@ QUORUM_TIMES_KEPT = 8
 arrive after their round, for ``grace_rule="arrivals"``)."""
 
 PREFETCH = 2
+ROUND_CONTRIBUTION_LIMIT = 1024
+"""New contributions one round examines (fetches and validates); the rest are rejected
+``flood`` unread, so a bucket writer who drops thousands of records costs a round a listing,
+not thousands of reads, and cannot make its record too large to read. Learners with a live
+lease are examined first."""
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
 checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
 syncer holds at most this many payloads beyond the ones it accepted."""
@@ -114,6 +120,8 @@ class OpenRound:
     """Whether the syncer's loop hurried for this round already (once per round: a bounded cost)."""
     lagging: bool = False
     """A listed contribution names a base newer than ours: probe for the newer version next pass."""
+    examined: int = 0
+    """New contributions this round fetched or chose to (``ROUND_CONTRIBUTION_LIMIT``)."""
 
     @property
     def learners(self) -> set[str]:
@@ -203,6 +211,8 @@ class SyncerRuntime:
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
         self.live: dict[str, Lease] = {}
+        self._ghost_heads: set[tuple[int, int]] = set()
+        """(fragment, version) of heads naming a record that is gone, reported once each."""
         self.commits = 0
         self.lost_races = 0
         self.learner_leases_expired = 0
@@ -381,6 +391,7 @@ class SyncerRuntime:
             )
             self._views[fragment] = view
             self._seed_history(fragment, committed.record)
+            self._anchor_bounds(fragment, view.base)
         self._collect(fragment, view)
         current = view.round
         if not current.accepted:
@@ -407,6 +418,12 @@ class SyncerRuntime:
             self._loop.pause_at_most(current.quorum_at + current.grace_s - now)
             return
         self._close(fragment, view)
+
+    def _anchor_bounds(self, fragment: int, base: Base) -> None:
+        """Tell the fragment's bounds the norm and size of the parameters the next round merges onto."""
+        squares = sum(self.backend.finite_norm(tensor) ** 2 for tensor in base.params.values())
+        elements = sum(math.prod(self.backend.shape(tensor)) for tensor in base.params.values())
+        self._history[fragment].anchor(math.sqrt(squares), elements)
 
     def _seed_history(self, fragment: int, newest: RoundRecord) -> None:
         """Learn the bounds' history from committed rounds we did not close: the newest one, and
@@ -440,6 +457,7 @@ class SyncerRuntime:
                 self._old_contribution(fragment, key, view)
                 continue
             steps.append(key)
+        steps = self._within_budget(current, steps)
         if not steps:
             return
         started = self._clock()
@@ -462,6 +480,30 @@ class SyncerRuntime:
                 for future in pending:  # a retryable mailbox error escaped: the rest are read next pass
                     future.cancel()
         current.fetch_s += self._clock() - started
+
+    def _within_budget(self, current: OpenRound, steps: list[keys.ContributionKey]) -> list[keys.ContributionKey]:
+        """The new contributions this round examines, live learners' first (in listed order), up
+        to ``ROUND_CONTRIBUTION_LIMIT`` in all; the rest are rejected ``flood`` without a read."""
+        room = ROUND_CONTRIBUTION_LIMIT - current.examined
+        if len(steps) <= room:
+            current.examined += len(steps)
+            return steps
+        live = [key for key in steps if key.learner in self.live]
+        ordered = live + [key for key in steps if key.learner not in self.live]
+        chosen, refused = ordered[: max(0, room)], ordered[max(0, room) :]
+        current.examined += len(chosen)
+        for key in refused:
+            current.seen.add(key.record)
+            current.rejected.append(
+                Rejection(
+                    learner=key.learner,
+                    contribution=key.record,
+                    reason="flood",
+                    detail=f"past the {ROUND_CONTRIBUTION_LIMIT} contributions a round examines",
+                )
+            )
+        chosen_records = {key.record for key in chosen}
+        return [key for key in steps if key.record in chosen_records]
 
     def _judge(self, current: OpenRound, key: keys.ContributionKey, outcome: Accepted | Rejection) -> None:
         if isinstance(outcome, Rejection):
@@ -539,12 +581,21 @@ class SyncerRuntime:
             current.quorum_at = None  # start the round over with whatever arrives next
             return
         head = self.store.read_head(fragment)
-        if head is not None and head.version > view.version:  # our view lags (retention may hide the records between)
-            log.info(
-                "node %s: fragment %d is at version %d, not %d; reloading", self.node_id, fragment, head.version, view.version
-            )
-            del self._views[fragment]
-            return
+        if head is not None and head.version > view.version:
+            if self.store.round_exists(fragment, head.version):  # our view lags (retention may hide the records between)
+                log.info(
+                    "node %s: fragment %d is at version %d, not %d; reloading", self.node_id, fragment, head.version, view.version
+                )
+                del self._views[fragment]
+                return
+            if (fragment, head.version) not in self._ghost_heads:  # its record is gone: reloading would find ours again
+                self._ghost_heads.add((fragment, head.version))
+                log.warning(
+                    "fragment %d: the head names version %d, whose record is gone (deleted?); committing on from version %d",
+                    fragment,
+                    head.version,
+                    view.version,
+                )
         if not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
         stored = self.store.commit_version(
@@ -622,6 +673,7 @@ class SyncerRuntime:
                 self.store.delete_contribution(stale)
         next_round = OpenRound(record.version, opened_at=committed_at)
         self._views[fragment] = FragmentView(record.version, record, Base(draft.params, draft.state), next_round, stored.sha256)
+        self._anchor_bounds(fragment, self._views[fragment].base)
         self._activity = True
         if self._on_commit is not None:
             self._on_commit(fragment, record.version)

@@ -192,6 +192,13 @@ SYNCER_LOST_RACES = _spec(
     N,
     "Rounds this node merged but another syncer committed first (create-once refused).",
 )
+STORE_UNPARSABLE_KEYS = _spec(
+    "gradientmail.store.unparsable_keys",
+    "counter",
+    "{key}",
+    N,
+    "Distinct names in the mailbox this node's listings skipped as no key of the run's layout.",
+)
 # -- learners ---------------------------------------------------------------------------------
 LEARNER_STEPS = _spec("gradientmail.learner.steps", "counter", "{step}", L, "Local training steps counted by session.step().")
 LEARNER_SAMPLES = _spec(
