@@ -27,7 +27,7 @@ from demo.launcher import Launcher, share_cores
 from demo.reference import REFERENCE_ID
 from demo.rounds import RoundWatcher
 from gradientmail.mailbox import open_mailbox
-from gradientmail.regime import measure_work_loss, work_loss_hint
+from gradientmail.regime import carried_work_hint, measure_work_loss, work_loss_hint
 
 COMMITTED_ID = "committed"
 """Learner id of the closing evaluation: joins with 0 steps and reads the newest commit."""
@@ -231,9 +231,10 @@ def _print_results(
     for line in lines:
         print(line)
     spec = watcher.store.read_spec()
-    hint = work_loss_hint(measure_work_loss(watcher.records, share), spec.algorithm)
-    if hint is not None:
-        print(hint)
+    loss = measure_work_loss(watcher.records, share)
+    for hint in (work_loss_hint(loss, spec.algorithm), carried_work_hint(loss, spec.algorithm)):
+        if hint is not None:
+            print(hint)
     size_mb = sum(f.stat().st_size for f in mailbox_dir.rglob("*") if f.is_file()) / 1e6
     print(f"total time {elapsed_s:.0f} s; mailbox ({size_mb:.0f} MB under the default retention) and logs in {run_dir}")
 

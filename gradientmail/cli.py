@@ -32,7 +32,7 @@ from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
-from gradientmail.regime import RECENT_ROUNDS, measure_work_loss, work_loss_hint
+from gradientmail.regime import RECENT_ROUNDS, carried_work_hint, measure_work_loss, work_loss_hint
 from gradientmail.settings import describe_variables
 from gradientmail.simulate import command as simulate_command
 from gradientmail.store import RunSpec, RunStore
@@ -124,9 +124,10 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
                 recent.append(store.read_round(fragment, version))
             except GradientMailError:
                 continue  # shown as UNREADABLE above, or collected meanwhile
-    hint = work_loss_hint(measure_work_loss(recent), algorithm)
-    if hint is not None:
-        print(hint)
+    loss = measure_work_loss(recent)
+    for hint in (work_loss_hint(loss, algorithm), carried_work_hint(loss, algorithm)):
+        if hint is not None:
+            print(hint)
 
 
 def export(url: str, path: str) -> None:

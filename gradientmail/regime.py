@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.records import RoundRecord
 
-__all__ = ["MERGED_SHARE_TARGET", "WorkLoss", "measure_work_loss", "work_loss_hint"]
+__all__ = ["CARRIED_SHARE", "MERGED_SHARE_TARGET", "WorkLoss", "carried_work_hint", "measure_work_loss", "work_loss_hint"]
 
 MERGED_SHARE_TARGET = 0.97
 """Share of learner steps that should reach a commit (docs/benchmarks.md's target)."""
@@ -22,6 +22,9 @@ RECENT_ROUNDS = 20
 """Newest round records (all fragments together) the check reads."""
 SINGLE_ROUND_SHARE = 0.5
 STALE_SHARE = 0.1
+CARRIED_SHARE = 0.5
+"""Share of merged steps trained before their learner had the round's base above which commits
+reach learners about a round late (the torchft side-by-side: 70-100 %)."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,13 @@ class WorkLoss:
     carry_limit_steps: int
     """Steps learners dropped at ``max_carried_steps`` (reported in ``realigned``)."""
     merged_share: float | None = None
+    merged_steps: int = 0
+    carried_steps: int = 0
+    """Of ``merged_steps``, those trained before their learner aligned with the round's base."""
+
+    @property
+    def carried_share(self) -> float:
+        return self.carried_steps / self.merged_steps if self.merged_steps else 0.0
 
     @property
     def losing(self) -> bool:
@@ -60,6 +70,8 @@ def measure_work_loss(records: Sequence[RoundRecord], merged_share: float | None
         merged=sum(len(r.participants) for r in recent),
         carry_limit_steps=sum(d.steps for r in recent for p in r.participants for d in p.realigned if d.reason == "carry_limit"),
         merged_share=merged_share,
+        merged_steps=sum(p.steps for r in recent for p in r.participants),
+        carried_steps=sum(min(p.carried_steps, p.steps) for r in recent for p in r.participants),
     )
 
 
@@ -82,3 +94,20 @@ def work_loss_hint(loss: WorkLoss, algorithm: DiLoCo) -> str | None:
             "or quorum_size to the number of learners"
         )
     return f"work lost: rounds close before the other learners' contributions arrive ({'; '.join(seen)}); {change}"
+
+
+def carried_work_hint(loss: WorkLoss, algorithm: DiLoCo) -> str | None:
+    """One line when most merged work was trained before its learner had the round's base
+    (commits arrive about a round late: short steps next to the round trip), with what to set;
+    None otherwise."""
+    if loss.carried_share < CARRIED_SHARE:
+        return None
+    seen = f"{100 * loss.carried_share:.0f} % of the merged steps were trained before their learner had the round's base"
+    if algorithm.momentum_rule == "fixed":
+        change = 'set gm.DiLoCo(momentum_rule="damped") (GRADIENTMAIL_MOMENTUM_RULE=damped): momentum overshoots on such work'
+    else:
+        change = (
+            f"a larger sync_every (now {algorithm.sync_every}) or overlap_steps=0 (wait for each commit) "
+            "trains closer to lock-step"
+        )
+    return f"commits arrive about a round late ({seen}); {change}"
