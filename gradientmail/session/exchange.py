@@ -262,7 +262,7 @@ class Exchange:
         for index in indices:
             fragment = self._fragments[index]
             known = fragment.known_version
-            newest = self._store.newest_version(index, known=None if from_head else known)
+            newest = self._store.newest_version(index, known=known, from_head=from_head)
             if newest is None or newest <= known:
                 continue
             record = self._store.read_round(index, newest)

@@ -268,14 +268,21 @@ class RunStore:
         found = (parsed for _, parsed in self.listed(keys.rounds_prefix(fragment)))
         return sorted(r.version for r in found if isinstance(r, keys.RoundKey) and r.fragment == fragment)
 
-    def newest_version(self, fragment: int, known: int | None = None) -> int | None:
+    def newest_version(self, fragment: int, known: int | None = None, *, from_head: bool = False) -> int | None:
         """The newest committed version. From a known version, probes forward with HEADs
         (cheap, the common case); without one, starts from the newer of the fragment's head
         pointer (when it is valid and its record exists) and the newest round record listed
         (one LIST; retention keeps it short), so a head replayed from an older version cannot
         point a joiner or a new syncer back at a kept checkpoint (it is ignored and logged).
+        ``from_head`` with a known version (a learner left behind by retention): start from the
+        head when it is ahead of ``known`` and its record exists — never behind ``known``, so a
+        replayed head cannot move the reader back, and no LIST is needed.
         Either way the answer is confirmed by probing forward."""
-        if known is None:
+        if known is not None and from_head:
+            head = self.read_head(fragment)
+            if head is not None and head.version > known and self.round_exists(fragment, head.version):
+                known = head.version
+        elif known is None:
             head = self.read_head(fragment)
             listed = self.committed_versions(fragment)
             candidates = listed[-1:]
