@@ -146,8 +146,8 @@ class LearnerLease:
             self._token = self._store.put_learner_lease(lease)
         except VersionConflict:
             found = self._store.read_learner_lease(self._learner, need_token=False)
-            twin = found is not None and found.lease is not None and found.lease.kind == "learner"
-            if twin and found is not None and found.lease is not None and found.lease.holder == self._learner:
+            there = found.lease if found is not None else None
+            if there is not None and there.kind == "learner" and there.holder == self._learner:
                 raise DuplicateLearner(self._learner) from None  # a valid lease of our id that we did not write
             # garbage, another holder's, or (signed run) one that does not verify: not a twin
             log.warning("the lease of learner %s was overwritten by something no learner writes; writing it again", self._learner)
