@@ -61,7 +61,7 @@ from gradientmail.records.auth import RunKey
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import Arrays, ContributionCounts, LearnerLease, Retention, RunSpec, RunStore, StoredRound, sha256_hex
 from gradientmail.syncer import SyncerRuntime
-from gradientmail.syncer.bounds import MIN_HISTORY, ContributionHistory
+from gradientmail.syncer.bounds import MIN_HISTORY, MIN_ROUNDS, ContributionHistory
 from gradientmail.syncer.rounds import Accepted, validate
 
 __all__ = [
@@ -395,6 +395,10 @@ def _huge_finite_delta(a: Attack) -> list[Hostile]:
     return [Hostile(a.forge(delta=a.filled(3e38)), "outlier")]  # 10³⁸ × the parameters: past their bound
 
 
+def _filled_delta(value: float) -> Callable[[Attack], list[Hostile]]:
+    return lambda a: [Hostile(a.forge(delta=a.filled(value)), "outlier")]  # the parameters' bound, before any history
+
+
 def _blob_larger_than_record(a: Attack) -> list[Hostile]:
     """The record states the size and sha256 of an honest-looking payload; the stored object is
     that payload followed by ``padding`` more bytes."""
@@ -441,8 +445,8 @@ class Case:
     what: str
     plant: Callable[[Attack], list[Hostile]]
     history: bool = False
-    """Needs ``MIN_HISTORY`` contributions of history (the bounds of ``syncer.bounds``): that
-    many honest ones, two a round, before the attack instead of one round."""
+    """Needs the history of ``syncer.bounds`` (``MIN_HISTORY`` contributions over ``MIN_ROUNDS``
+    rounds): that many honest rounds of two before the attack instead of one."""
     signed: bool = False
     """The run has a run key (the honest side signs; the attacker has no key)."""
     first: bool = False
@@ -469,6 +473,7 @@ CASES: tuple[Case, ...] = (
     Case("carried_over_steps", "carried_steps > steps", _invalid_counts(carried_steps=STEPS + 1)),
     Case("steps_over_bound", "steps = 10**6, far above the run's bound", _invalid_counts(steps=10**6, samples=8 * 10**6)),
     Case("delta_3e38", "finite fp32 delta of 3e38 everywhere", _huge_finite_delta),
+    Case("delta_1e4_first_round", "finite delta of 1e4 per element, no history", _filled_delta(1e4)),
     Case("blob_larger_than_record", "blob larger than its record claims", _blob_larger_than_record, oversized="blob"),
     Case("outlier_delta_1000x", "delta 1000x the honest norm (after MIN_HISTORY)", _outlier, history=True),
     Case("samples_per_step_1000x", "samples per step 1000x honest (after MIN_HISTORY)", _samples_per_step, history=True),
@@ -497,7 +502,7 @@ def stage(case: Case, mailbox: Mailbox, *, model: dict[str, tuple[int, ...]] | N
     honest contributions and plant the hostile objects (in the case's order)."""
     run = create_run(mailbox, model=model, key=RunKey(RUN_SECRET) if case.signed else None)
     history = ContributionHistory()
-    for _ in range(-(-MIN_HISTORY // 2) if case.history else 1):  # two honest contributions a round
+    for _ in range(max(MIN_ROUNDS, -(-MIN_HISTORY // 2)) if case.history else 1):  # two honest contributions a round
         history.seed(run.honest_round().record.participants)
     attack = Attack(run, run.newest(), padding=padding)
     if case.first:
@@ -838,7 +843,22 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{len(rows)} cases in {elapsed:.0f} s (figures ÷ the legitimate payload, {unit / MiB:.1f} MiB): "
         f"escapes {escapes}, hostile inputs accepted {accepted}, over 2x and an honest contribution {over}"
     )
-    return 1 if escapes or accepted else 0
+    from benchmarks import bad_runs  # it builds on this module's harness
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gm-bad-runs-") as tmp:
+        run_rows = bad_runs.run_all(
+            (Path(tmp) / f"run{i}" for i in range(10_000)),
+            model,
+            flood=bad_runs.SMALL_FLOOD if args.small else bad_runs.FLOOD,
+            wanted=wanted,
+        )
+    failed = sum(1 for r in run_rows if not r.passed)
+    if run_rows:
+        print(f"\nrun-level cases (benchmarks/bad_runs.py): {bad_runs.ROUNDS_AFTER} honest rounds after each attack\n")
+        print(bad_runs.table(run_rows))
+        print(f"\n{len(run_rows)} run-level cases in {time.perf_counter() - started:.0f} s: {failed} missed their target")
+    return 1 if escapes or accepted or failed else 0
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python -m benchmarks.chaos                   # 90 s, 3 learners, a kill every ~10 s, 5 % of requests faulted
     python -m benchmarks.chaos --quick           # ~30 s: a smoke run for CI
     python -m benchmarks.chaos --no-faults       # kills only (the proxy stays in the path, faulting nothing)
+    python -m benchmarks.chaos --hostile         # and a bucket writer without the key (benchmarks/chaos_hostile.py)
 
 Starts a loopback SeaweedFS S3 server, ``benchmarks.fault_proxy`` in front of it (503s, 500s
 after the write landed, connection resets before and after forwarding, 0.3–2 s delays and
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -46,6 +48,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.chaos_hostile import HostileWriter, stray_only
 from benchmarks.fault_proxy import FAULT_KINDS, FaultProxy
 from benchmarks.seaweed import Seaweed, die_with_parent, find_weed
 from gradientmail.errors import GradientMailError, KeyNotFound
@@ -314,8 +317,9 @@ def run_audit(url: str, env: dict[str, str]) -> dict[str, Any]:
         return {"available": True, "exit_code": None, "tail": [f"timed out after {AUDIT_TIMEOUT_S:.0f} s"]}
     output = (done.stdout + done.stderr).strip().splitlines()
     if done.returncode == 2 and "invalid choice" in done.stderr:
-        return {"available": False, "exit_code": 2, "tail": output[-3:]}
-    return {"available": True, "exit_code": done.returncode, "tail": output[-8:]}
+        return {"available": False, "exit_code": 2, "tail": output[-3:], "failures": []}
+    failures = [line for line in output if line.startswith("FAIL")]
+    return {"available": True, "exit_code": done.returncode, "tail": output[-8:], "failures": failures}
 
 
 # -- judging the run -------------------------------------------------------------------------
@@ -385,7 +389,12 @@ def judge(mailbox: Mailbox, monitor: Monitor, fragments: int) -> dict[str, Any]:
         }  # fmt: skip
 
     committed = [r for r in records.values() if r.version >= 1]
+    longest_gap: dict[str, float] = {}
+    for fragment in present:
+        sights = sorted(seen.first_seen_s for (f, _), seen in monitor.seen.items() if f == fragment)
+        longest_gap[str(fragment)] = max((b - a for a, b in itertools.pairwise(sights)), default=0.0)
     return {
+        "longest_commit_gap_s": longest_gap,
         "commits_per_fragment": {str(f): sum(1 for v in known[f] if v >= 1) for f in present},
         "records_seen_by_monitor": len(monitor.seen),
         "double_commits": len(changed_during | changed_at_end) + len(merged_twice),
@@ -463,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-rate", type=float, default=0.05, help="share of S3 requests the proxy faults")
     parser.add_argument("--no-faults", action="store_true", help="keep the proxy in the path but fault nothing")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hostile", action="store_true", help="a bucket writer plants hostile objects every ~5 s")
     parser.add_argument("--step-sleep", type=float, default=STEP_SLEEP_S)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     args = parser.parse_args(argv)
@@ -505,11 +515,14 @@ def run(
     monitor.start()
     exit_codes: list[dict[str, Any]] = []
     killed_at_end: list[str] = []
+    hostile = HostileWriter(direct, FRAGMENTS, started, args.seed) if args.hostile else None
     try:
         for index in range(args.learners):
             node = Node(f"node-{index + 1}", seed=index + 1)
             chaos.nodes[node.learner] = node
             chaos.start(node)
+        if hostile is not None:
+            hostile.start()
         next_kill = started + kill_every * rng.uniform(0.6, 1.4) if kill_every > 0 else float("inf")
         end = started + seconds
         while time.monotonic() < end:
@@ -531,7 +544,9 @@ def run(
                 kill_one(chaos, monitor, direct, rng, started)
                 next_kill = now + kill_every * rng.uniform(0.6, 1.4)
             time.sleep(0.05)
-        # the end: no more restarts; every running learner closes cleanly
+        # the end: no more restarts, nor plants; every running learner closes cleanly
+        if hostile is not None:
+            hostile.stop()
         stop_at = time.monotonic()
         print(f"  {stop_at - started:6.1f} s  stopping the learners (SIGTERM)", flush=True)
         running = [node for node in chaos.nodes.values() if node.running]
@@ -552,6 +567,8 @@ def run(
                 )
         stopped_s = time.monotonic() - stop_at
     finally:
+        if hostile is not None and hostile.is_alive():
+            hostile.stop()
         for node in chaos.nodes.values():
             if node.running:
                 assert node.process is not None
@@ -572,12 +589,14 @@ def run(
         incarnations = _progress(chaos.progress_path(learner))
         trained += sum(slot["steps"] for slot in incarnations.values())
         learners[learner] = {str(i): slot for i, slot in sorted(incarnations.items())}
-    # records retention removed are legitimately gone only if the audit passes
+    # records retention removed are legitimately gone only if the audit passes (with --hostile:
+    # fails on nothing but the names the bucket writer dropped)
     retired = len(figures["retired_by_retention"])
-    if retired and audit["available"] and audit["exit_code"] != 0:
+    passed = audit["exit_code"] == 0 or (args.hostile and audit["exit_code"] == 1 and stray_only(audit["failures"]))
+    if retired and audit["available"] and not passed:
         figures["lost_commits"] += retired
     retirement = (
-        "none" if not retired else "verified by the audit" if audit["exit_code"] == 0
+        "none" if not retired else "verified by the audit" if passed
         else "audit not available: unverified, not counted as lost" if not audit["available"]
         else "the audit failed: counted as lost"
     )  # fmt: skip
@@ -590,7 +609,9 @@ def run(
             "seconds": seconds, "learners": args.learners, "kill_every_s": kill_every, "fault_rate": rate, "seed": args.seed,
             "ttl_s": TTL_S, "poll_s": POLL_S, "sync_every": SYNC_EVERY, "fragments": FRAGMENTS, "quorum": QUORUM,
             "step_sleep_s": args.step_sleep, "fault_kinds": list(FAULT_KINDS), "quick": args.quick,
+            "hostile": args.hostile,
         },
+        "hostile_plants": hostile.events if hostile is not None else [],
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},
         **figures,
         "changed_records": [list(k) for k in figures["changed_records"]],
@@ -678,14 +699,25 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
     faults = r["config"]["fault_rate"] > 0
     share_target = TARGET_MERGED_FAULTS if faults else TARGET_MERGED_CLEAN
     unresolved = r["takeovers_unresolved"]
+    hostile = r["config"]["hostile"]
+    if hostile:
+        plants = r["hostile_plants"]
+        print(f"hostile plants: {len(plants)} (" + ", ".join(sorted({p["plant"] for p in plants})) + ")")
+    gaps = ", ".join(f"fragment {f}: {g:.1f} s" for f, g in r["longest_commit_gap_s"].items())
+    print(f"longest time between two commits seen by the monitor: {gaps}")
+    audited = ("audit clean, but for the names the bucket writer dropped" if hostile else "audit clean") + (
+        f" (exit {audit['exit_code']})" if audit["available"] else " (not available)"
+    )
+    audit_met = (
+        (audit["exit_code"] == 0 or (hostile and audit["exit_code"] == 1 and stray_only(audit["failures"])))
+        if audit["available"]
+        else None
+    )
     verdicts: list[tuple[str, bool | None]] = [
         (f"double commits {r['double_commits']} = 0", r["double_commits"] == 0),
         (f"lost commits {r['lost_commits']} = 0", r["lost_commits"] == 0),
         ("version chains contiguous", r["chains_contiguous"]),
-        (
-            f"audit clean (exit {audit['exit_code']})" if audit["available"] else "audit clean (not available)",
-            audit["exit_code"] == 0 if audit["available"] else None,
-        ),
+        (audited, audit_met),
         (
             f"every takeover ≤ TTL + idle interval + one poll = {bound:.2f} s (max {'-' if worst is None else f'{worst:.2f}'} s, "
             f"{unresolved} unresolved)",

@@ -14,12 +14,21 @@ What it checks (docs/protocol.md, "Audit"), per fragment:
 
 Failures are listed and counted; warnings (a lease that does not verify, versions retention
 has yet to collect) are listed but do not fail the audit.
+
+With a digest log (``gradientmail audit URL --digest-log FILE``, a file on the auditor's
+machine, outside the bucket and its retention) the audit also remembers the digest of every
+record it has checked, and fails when a remembered version now has another digest (rewritten
+history: a fork, a forged rollback) or when the mailbox's newest version is older than one it
+remembers (newer records deleted) — even after retention has collected the evidence.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +38,7 @@ from gradientmail.records import keys
 from gradientmail.store import RunSpec, RunStore, StoredRound
 from gradientmail.syncer.rounds import replay_round
 
-__all__ = ["AuditReport", "audit_run"]
+__all__ = ["AuditReport", "DigestLog", "audit_run"]
 
 REPLAY_TOLERANCE = 1e-5
 """Relative agreement accepted when a round is replayed on another backend than the one that
@@ -58,17 +67,86 @@ class AuditReport:
         self.warnings.append(what)
 
 
-def audit_run(store: RunStore, spec: RunSpec, say: Callable[[str], None] = lambda _: None) -> AuditReport:
-    """Audit every fragment of the run in ``store``; ``say`` gets one line per finding."""
+class DigestLog:
+    """The record digests earlier audits saw, one JSON line per (run, fragment, version), kept
+    by the auditor outside the mailbox so that retention cannot collect them."""
+
+    def __init__(self, path: Path, run_id: str) -> None:
+        self.path = path
+        self.run_id = run_id
+        self.seen: dict[tuple[int, int], str] = {}
+        self._new: list[dict[str, object]] = []
+        if path.exists():
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                try:
+                    entry = json.loads(line)
+                    if entry["run_id"] == run_id:
+                        self.seen[(int(entry["fragment"]), int(entry["version"]))] = str(entry["sha256"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise GradientMailError(f"digest log {path} line {number} is not an audit entry: {exc}") from None
+
+    def check(self, fragment: int, stored: dict[int, StoredRound], report: AuditReport) -> None:
+        """Compare what the mailbox holds now with what earlier audits saw; remember the new."""
+        where = f"fragment {fragment}"
+        remembered = {v: digest for (f, v), digest in self.seen.items() if f == fragment}
+        newest = max(stored, default=-1)
+        changed = [v for v, digest in sorted(remembered.items()) if v in stored and stored[v].sha256 != digest]
+        # a kept record whose predecessor is remembered must name that digest: catches a rewrite
+        # whose own records retention has collected since
+        changed += [
+            v - 1
+            for v, current in sorted(stored.items())
+            if v - 1 in remembered and v - 1 not in stored and current.record.previous != remembered[v - 1]
+        ]
+        if remembered and stored and not any(v in remembered or v - 1 in remembered for v in stored):
+            report.warn(f"{where}: no kept record overlaps the digest log (audit at least every keep_versions commits)")
+        if changed:
+            report.fail(
+                f"{where}: versions {changed} differ from the records an earlier audit saw (rewritten: a fork or a rollback)"
+            )
+        if remembered and max(remembered) > newest:
+            report.fail(
+                f"{where}: the newest record is version {newest}, but an earlier audit saw version {max(remembered)} "
+                "(newer records were deleted or rolled back)"
+            )
+        if not changed and not (remembered and max(remembered) > newest):
+            report.ok(f"{where}: consistent with the {len(remembered)} digests earlier audits logged")
+        for version, current in sorted(stored.items()):
+            if version not in remembered:
+                self.seen[(fragment, version)] = current.sha256
+                self._new.append({"run_id": self.run_id, "fragment": fragment, "version": version, "sha256": current.sha256})
+
+    def save(self) -> None:
+        """Append what this audit saw for the first time (flushed to disk)."""
+        if not self._new:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as out:
+            out.writelines(json.dumps(entry, sort_keys=True) + "\n" for entry in self._new)
+            out.flush()
+            os.fsync(out.fileno())
+        self._new = []
+
+
+def audit_run(
+    store: RunStore, spec: RunSpec, say: Callable[[str], None] = lambda _: None, digest_log: DigestLog | None = None
+) -> AuditReport:
+    """Audit every fragment of the run in ``store``; ``say`` gets one line per finding. With
+    ``digest_log``, also check against (and extend) what earlier audits saw; it is saved only
+    when nothing failed, so a log never learns tampered history."""
     report = AuditReport()
     if spec.manifest.key_id is not None and store.key is None:
         report.fail("the run is signed but no run key was given: signatures cannot be checked")
     else:
         report.ok("manifest" + (" signature" if store.key is not None else " (unsigned run)"))
     for fragment in range(len(spec.fragments)):
-        _audit_fragment(store, spec, fragment, report)
+        stored = _audit_fragment(store, spec, fragment, report)
+        if digest_log is not None:
+            digest_log.check(fragment, stored, report)
     _audit_leases(store, report)
     _audit_names(store, len(spec.fragments), report)
+    if digest_log is not None and report.clean:
+        digest_log.save()
     for line in report.checked:
         say(f"ok    {line}")
     for line in report.warnings:
@@ -78,13 +156,14 @@ def audit_run(store: RunStore, spec: RunSpec, say: Callable[[str], None] = lambd
     return report
 
 
-def _audit_fragment(store: RunStore, spec: RunSpec, fragment: int, report: AuditReport) -> None:
+def _audit_fragment(store: RunStore, spec: RunSpec, fragment: int, report: AuditReport) -> dict[int, StoredRound]:
+    """Audit one fragment; the round records that read, by version."""
     retention = spec.retention
     where = f"fragment {fragment}"
     versions = store.committed_versions(fragment)
     if not versions:
         report.fail(f"{where}: no committed version")
-        return
+        return {}
     newest = versions[-1]
     window = range(max(0, newest - retention.keep_versions + 1), newest + 1)
     missing = [v for v in window if v not in versions]
@@ -111,6 +190,7 @@ def _audit_fragment(store: RunStore, spec: RunSpec, fragment: int, report: Audit
         if version in stored and version - 1 in stored:
             replayed += _check_replay(store, spec, fragment, stored[version], report)
     report.ok(f"{where}: {replayed} of {newest - first_audited + 1} rounds in the audit window replayed")
+    return stored
 
 
 def _check_chain(stored: dict[int, StoredRound], where: str, report: AuditReport) -> None:

@@ -3,7 +3,7 @@
 gradientmail status <mailbox-url> [--rounds N]
 gradientmail export <mailbox-url> <file.safetensors>
 gradientmail replay <mailbox-url> --fragment F [--version V]
-gradientmail audit <mailbox-url>    (chains, signatures, blobs, replays; exit 1 on any failure)
+gradientmail audit <mailbox-url> [--digest-log FILE]   (chains, signatures, blobs, replays; exit 1 on any failure)
 gradientmail keygen [--out FILE]    (a fresh run key, printed or written to FILE once)
 gradientmail node        (a learner node configured by GRADIENTMAIL_* variables; see gradientmail/node.py;
                           `gradientmail node --help` lists every variable with its default)
@@ -23,10 +23,11 @@ import os
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 
 from gradientmail import minio_setup
 from gradientmail._version import __version__
-from gradientmail.audit import audit_run
+from gradientmail.audit import DigestLog, audit_run
 from gradientmail.backends import get_backend, payload
 from gradientmail.errors import GradientMailError
 from gradientmail.mailbox import open_mailbox
@@ -163,10 +164,11 @@ def replay(url: str, fragment: int, version: int | None) -> int:
     return 0 if same else 1
 
 
-def audit(url: str) -> int:
+def audit(url: str, digest_log: str | None = None) -> int:
     with _open_run(url) as (store, spec):
         print(f"auditing run {spec.manifest.run_id} at {store.url}")
-        report = audit_run(store, spec, say=print)
+        log_file = DigestLog(Path(digest_log), spec.manifest.run_id) if digest_log is not None else None
+        report = audit_run(store, spec, say=print, digest_log=log_file)
     print(f"audit: {len(report.checked)} checks passed, {len(report.warnings)} warnings, {len(report.failures)} failures")
     return 0 if report.clean else 1
 
@@ -228,6 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     replay_parser.add_argument("--version", type=int, default=None)
     audit_parser = commands.add_parser("audit", help="check chains, signatures, blobs and replays from the mailbox alone")
     audit_parser.add_argument("mailbox")
+    audit_parser.add_argument(
+        "--digest-log",
+        default=None,
+        metavar="FILE",
+        help="remember every record digest in FILE (outside the bucket) and fail on history that changed since",
+    )
     keygen_parser = commands.add_parser("keygen", help="make a run key (GRADIENTMAIL_RUN_KEY)")
     keygen_parser.add_argument("--out", default=None, help="write it to this file (mode 0600) unless the file exists")
     commands.add_parser(
@@ -263,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "export":
             export(args.mailbox, args.file)
         elif args.command == "audit":
-            return audit(args.mailbox)
+            return audit(args.mailbox, args.digest_log)
         elif args.command == "keygen":
             return keygen(args.out)
         elif args.command == "minio-setup":

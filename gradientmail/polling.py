@@ -1,7 +1,10 @@
 """The background loop every role runs: one pass over the mailbox, a pause, again.
 
 A failing pass never kills the thread: store hiccups (``GradientMailError``) are logged as
-warnings and anything else with its traceback, and the next pass tries again.
+warnings and anything else with its traceback, and the next pass tries again. A failure that
+repeats (an object in the bucket that stops a fragment, an unreachable server) is logged once,
+then once every ``REPEAT_REPORT_S`` with how often it recurred (``RepeatedFailures``), so ten
+passes a second do not become ten warnings a second.
 
 The pause is ``interval_s`` between rounds. When a round is due, ``hurry()`` tightens it: the
 next pause is ``fast_interval_s`` and each one after grows by ``backoff`` until it is back at
@@ -20,7 +23,7 @@ from collections.abc import Callable
 
 from gradientmail.errors import GradientMailError
 
-__all__ = ["FAST_INTERVAL_S", "HURRY_S", "PollingLoop", "idle_interval"]
+__all__ = ["FAST_INTERVAL_S", "HURRY_S", "REPEAT_REPORT_S", "PollingLoop", "RepeatedFailures", "idle_interval"]
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,39 @@ BACKOFF = 1.3
 """Each pause of a hurry is this much longer than the one before, up to ``interval_s``."""
 HURRY_S = 5.0
 """The longest a hurry lasts unless asked otherwise."""
+REPEAT_REPORT_S = 60.0
+"""A failure that recurs pass after pass is logged again at most this often, with its count."""
+
+
+class RepeatedFailures:
+    """Warnings for one source of failures (a loop, a fragment): each new message at once, the
+    same message again at most once every ``REPEAT_REPORT_S`` with how often it recurred, and
+    one line when it stops."""
+
+    def __init__(self, logger: logging.Logger, what: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self._log = logger
+        self._what = what
+        self._clock = clock
+        self._message: str | None = None
+        self._reported_at = 0.0
+        self._repeats = 0
+        self.reported = 0
+        """Warnings logged so far (read by tests)."""
+
+    def failed(self, message: str) -> None:
+        now = self._clock()
+        if message == self._message and now - self._reported_at < REPEAT_REPORT_S:
+            self._repeats += 1
+            return
+        again = f" (again {self._repeats} times since)" if message == self._message and self._repeats else ""
+        self._log.warning("%s: %s%s", self._what, message, again)
+        self._message, self._reported_at, self._repeats = message, now, 0
+        self.reported += 1
+
+    def recovered(self) -> None:
+        if self._message is not None:
+            self._log.info("%s: recovered (after %d repeats of the last failure)", self._what, self._repeats)
+            self._message, self._repeats = None, 0
 
 
 def idle_interval(poll_interval_s: float, lease_ttl_s: float, idle_interval_s: float | None = None) -> float:
@@ -72,6 +108,7 @@ class PollingLoop:
         self._thread: threading.Thread | None = None
         self.passes = 0
         """Passes run so far (read by tests and benchmarks)."""
+        self._failures = RepeatedFailures(log, name, clock)
 
     @property
     def stopping(self) -> bool:
@@ -142,9 +179,11 @@ class PollingLoop:
             try:
                 self._run_pass()
             except GradientMailError as exc:  # the store hiccuped: try again next pass
-                log.warning("%s: pass failed, retrying: %s", self.name, exc)
+                self._failures.failed(f"pass failed, retrying: {exc}")
             except Exception:  # never let the thread die silently
                 log.exception("%s: pass crashed, retrying", self.name)
+            else:
+                self._failures.recovered()
             self.passes += 1
             pause = self.next_pause()
             if pause > 0:

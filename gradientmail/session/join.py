@@ -6,7 +6,9 @@ parameter names, shapes and dtypes, and its run key with the manifest and refuse
 a difference (``RunConfigMismatch`` lists every one). The lease TTL and the retention policy
 are the run's: a joiner with other settings uses the manifest's. A fragment still missing
 version 0 (its creator died half-way) is initialised by whoever joins next; create-once
-keeps that safe.
+keeps that safe. A joiner loads each fragment's newest version it can read (``newest_readable``):
+a deleted or damaged blob of the newest (which the syncer restores by replay, INV-21) makes it
+start one version back, with a warning, instead of refusing to start.
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from gradientmail.algorithms.diloco import RUN_FIELDS, DiLoCo
 from gradientmail.algorithms.fragments import plan_fragments
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend
-from gradientmail.errors import GradientMailError, RunConfigMismatch, Unauthenticated
-from gradientmail.records import Manifest, ParameterSpec
-from gradientmail.store import Retention, RunSpec, RunStore, VersionDraft
+from gradientmail.errors import (
+    CorruptPayload,
+    GradientMailError,
+    IncompatiblePayload,
+    InvalidRecord,
+    KeyNotFound,
+    RunConfigMismatch,
+    Unauthenticated,
+)
+from gradientmail.records import Manifest, ParameterSpec, RoundRecord
+from gradientmail.store import Arrays, Retention, RunSpec, RunStore, VersionDraft
 
-__all__ = ["RunProposal", "differences", "join_run", "model_signature", "proposed_manifest"]
+__all__ = ["RunProposal", "differences", "join_run", "model_signature", "newest_readable", "proposed_manifest"]
 
 log = logging.getLogger(__name__)
 
@@ -150,3 +160,29 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
 def _some(names: list[str], limit: int = 5) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def newest_readable(store: RunStore, spec: RunSpec, fragment: int) -> tuple[RoundRecord, Arrays]:
+    """The newest committed version of ``fragment`` whose record and parameters read and
+    verify, looking back at most ``keep_versions`` versions. Raises ``GradientMailError``
+    listing what was wrong with each when none does."""
+    newest = store.newest_version(fragment)
+    if newest is None:
+        raise GradientMailError(f"fragment {fragment} of {store.url} has no committed version")
+    problems: list[str] = []
+    for version in range(newest, max(-1, newest - spec.retention.keep_versions), -1):
+        try:
+            record = store.read_round(fragment, version)
+            params = store.read_params(spec, record)
+        except (KeyNotFound, CorruptPayload, IncompatiblePayload, InvalidRecord) as exc:
+            problems.append(f"version {version}: {exc}")
+            continue
+        if problems:
+            log.warning(
+                "fragment %d: starting from version %d; newer ones cannot be read (%s)", fragment, version, "; ".join(problems)
+            )
+        return record, params
+    raise GradientMailError(
+        f"fragment {fragment} of {store.url}: no committed version can be read ({'; '.join(problems)}); "
+        "run `gradientmail audit` on the mailbox"
+    )

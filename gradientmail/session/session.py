@@ -26,7 +26,7 @@ from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
-from gradientmail.session.join import RunProposal, join_run
+from gradientmail.session.join import RunProposal, join_run, newest_readable
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
@@ -205,10 +205,7 @@ class Session:
         log.info("%s %s the run (%d fragments)", self.learner_id, "created" if created else "joined", len(spec.fragments))
         fragments = []
         for fragment, names in enumerate(spec.fragments):
-            newest = self._store.newest_version(fragment)
-            assert newest is not None  # join_run committed version 0 of every fragment
-            record = self._store.read_round(fragment, newest)
-            committed = self._store.read_params(spec, record)
+            record, committed = newest_readable(self._store, spec, fragment)
             self.backend.write_parameters(self.model, self._tensors(committed))
             fragments.append(LearnerFragment.joined(fragment, names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
@@ -519,7 +516,9 @@ class Session:
             self.stats.dropped_at_close[fragment] = self.stats.steps - state.unmerged_from.steps
             newest = self._store.newest_version(fragment, known=state.anchor_version)
             if newest is not None and newest > state.anchor_version:
-                params = self._store.read_params(run.spec, self._store.read_round(fragment, newest))
+                record, params = newest_readable(self._store, run.spec, fragment)  # a deleted blob: one back (INV-21)
+                newest = record.version
+            if newest is not None and newest > state.anchor_version:
                 self.backend.write_parameters(self.model, self._tensors(params))
                 state.anchor, state.anchor_version = params, newest
                 self.stats.versions[fragment] = newest

@@ -11,6 +11,7 @@ not own the mailbox: whoever opened the mailbox closes it.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Mapping
@@ -36,6 +37,7 @@ from gradientmail.errors import (
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.base import HashingGet
 from gradientmail.records import (
+    SCHEMA_VERSION,
     Contribution,
     Head,
     Lease,
@@ -149,6 +151,9 @@ class VersionDraft:
 
 UNPARSABLE_NAMES_LOGGED = 1000
 """Distinct unparsable names a store logs (each once); past it they are only counted."""
+UNPARSABLE_NAMES_REMEMBERED = 100_000
+"""Distinct unparsable names a store tells apart (by an 8-byte digest); past it, new ones are
+no longer counted (the count then reads "at least")."""
 
 
 class SkippedNames:
@@ -156,17 +161,20 @@ class SkippedNames:
     bucket can drop one, so each is skipped, counted and logged once, never fatal to a pass."""
 
     def __init__(self) -> None:
-        self._seen: set[str] = set()
+        self._seen: set[bytes] = set()
         self.count = 0
-        """Distinct names skipped (``gradientmail.store.unparsable_keys``)."""
+        """Distinct names skipped, up to ``UNPARSABLE_NAMES_REMEMBERED`` (``gradientmail.store.unparsable_keys``)."""
 
     def skip(self, name: str) -> None:
-        if name in self._seen:
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        if digest in self._seen or len(self._seen) >= UNPARSABLE_NAMES_REMEMBERED:
             return
+        self._seen.add(digest)
         self.count += 1
-        if len(self._seen) < UNPARSABLE_NAMES_LOGGED:
-            self._seen.add(name)
+        if self.count <= UNPARSABLE_NAMES_LOGGED:
             log.warning("skipping %r in the mailbox: not a name of the run's key layout (docs/protocol.md)", name[:300])
+        elif self.count == UNPARSABLE_NAMES_REMEMBERED:
+            log.warning("%d distinct names in the mailbox are no key of the run's layout; no longer counting", self.count)
 
 
 class RunStore:
@@ -333,6 +341,31 @@ class RunStore:
                 f"round record at fragment {fragment} version {version} names {record.fragment}/{record.version}"
             )
         return StoredRound(record, sha256_hex(data))
+
+    def remove_unreadable_round(self, fragment: int, version: int) -> str | None:
+        """Delete the round record at ``version`` when no node of this run can have written it,
+        so that one object dropped at the next record key cannot stop the fragment (INV-20);
+        returns why, or None when the record reads (or is gone, or may be a newer
+        GradientMail's). Call it only for the newest version, never on history.
+
+        In a signed run: whatever does not verify under the run key (garbage, unsigned, another
+        key, a genuine record copied to this key). Unsigned: what does not parse as this
+        fragment's round record at this version, unless it states a newer ``schema_version``."""
+        location = keys.round_record(fragment, version)
+        data = b""
+        try:
+            data = self._mailbox.get(location, max_bytes=RoundRecord.max_bytes)
+            record = self._parse(RoundRecord, location, data)
+            if record.fragment != fragment or record.version != version:
+                raise CorruptPayload(f"it names fragment {record.fragment} version {record.version}")
+        except KeyNotFound:
+            return None
+        except (InvalidRecord, CorruptPayload, ObjectTooLarge) as exc:
+            if self._key is None and _states_newer_schema(data):
+                return None
+            self._mailbox.delete(location)
+            return str(exc)
+        return None
 
     def load_version(self, spec: RunSpec, fragment: int, version: int) -> CommittedVersion:
         """A committed version's record, parameters and outer state, verified."""
@@ -550,6 +583,21 @@ class RunStore:
             raise CorruptPayload(f"{ref.key}: checksum mismatch")
         return data
 
+    def blob_intact(self, ref: PayloadRef) -> bool:
+        """Whether the blob ``ref`` names is there with its size and checksum (one read)."""
+        try:
+            self.read_blob(ref)
+        except (KeyNotFound, CorruptPayload):
+            return False
+        return True
+
+    def restore_blob(self, ref: PayloadRef, data: bytes) -> None:
+        """Write ``data`` back at ``ref.key`` if it is exactly the bytes ``ref`` pins (size and
+        sha256); ``CorruptPayload`` otherwise, and nothing is written."""
+        if len(data) != ref.size_bytes or sha256_hex(data) != ref.sha256:
+            raise CorruptPayload(f"{ref.key}: the recomputed bytes differ from those its record pins")
+        self._mailbox.put(ref.key, data)
+
     def read_tensors(self, ref: PayloadRef, expected: Mapping[str, TensorShape] | None = None) -> Arrays:
         """Fetch a blob and verify size, checksum, and (if given) names, shapes and dtypes.
 
@@ -681,3 +729,14 @@ def check_tensors(tensors: Mapping[str, np.ndarray], expected: Mapping[str, Tens
         dtype = payload.dtype_name_of(tensors[name])
         if spec.dtype is not None and dtype != spec.dtype:
             raise IncompatiblePayload(f"{where}: {name} has dtype {dtype}, expected {spec.dtype}")
+
+
+def _states_newer_schema(data: bytes) -> bool:
+    """Whether ``data`` is a JSON object whose ``schema_version`` is newer than ours (written by
+    a newer GradientMail: never ours to delete)."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    version = value.get("schema_version") if isinstance(value, dict) else None
+    return isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION

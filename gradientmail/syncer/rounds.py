@@ -63,6 +63,7 @@ __all__ = [
     "outer_step",
     "round_beta",
     "replay_round",
+    "replayed_draft",
     "validate",
 ]
 
@@ -406,6 +407,11 @@ def compact_update_step(
 
 
 def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> dict[str, Tensor]:
+    """Recompute ``version``'s parameters (``replayed_draft``)."""
+    return replayed_draft(store, backend, spec, fragment, version).params
+
+
+def replayed_draft(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> RoundDraft:
     """Recompute ``version`` from ``version − 1`` and the participants its record lists with
     ``close_round``, the function the live syncer committed it by (INV-4).
 
@@ -437,4 +443,4 @@ def replay_round(store: RunStore, backend: Backend, spec: RunSpec, fragment: int
             raise CorruptPayload(
                 f"participant {participant.contribution}: weight {outcome.weight!r}, the record says {participant.weight!r}"
             )
-    return draft.params
+    return draft

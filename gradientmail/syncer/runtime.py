@@ -50,8 +50,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from gradientmail.backends import Backend
-from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
-from gradientmail.polling import PollingLoop, idle_interval
+from gradientmail.errors import CorruptPayload, GradientMailError, InvalidRecord, KeyNotFound
+from gradientmail.polling import PollingLoop, RepeatedFailures, idle_interval
 from gradientmail.records import Lease, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import (
     LeaseName,
@@ -63,10 +63,11 @@ from gradientmail.store import (
     VersionDraft,
     live_learners,
 )
-from gradientmail.syncer.bounds import MIN_HISTORY, SEED_ROUNDS, ContributionHistory
+from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
 from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
+from gradientmail.syncer.repair import restore_version
 from gradientmail.syncer.rounds import (
     AbandonedRound,
     Accepted,
@@ -89,11 +90,6 @@ QUORUM_TIMES_KEPT = 8
 arrive after their round, for ``grace_rule="arrivals"``)."""
 
 PREFETCH = 2
-ROUND_CONTRIBUTION_LIMIT = 1024
-"""New contributions one round examines (fetches and validates); the rest are rejected
-``flood`` unread, so a bucket writer who drops thousands of records costs a round a listing,
-not thousands of reads, and cannot make its record too large to read. Learners with a live
-lease are examined first."""
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
 checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
 syncer holds at most this many payloads beyond the ones it accepted."""
@@ -200,6 +196,9 @@ class SyncerRuntime:
         """(fragment, base version) → when the round built on it reached quorum, for the rounds
         we closed lately: how late a contribution that comes after its round closed arrived."""
         self._history = [ContributionHistory() for _ in spec.fragments]
+        self._fragment_failures = [
+            RepeatedFailures(log, f"node {node_id}: fragment {f}", clock) for f in range(len(spec.fragments))
+        ]
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
         """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
         self._retention = RetentionSweep(store, spec.retention, algorithm.max_staleness)
@@ -214,6 +213,10 @@ class SyncerRuntime:
         self._ghost_heads: set[tuple[int, int]] = set()
         """(fragment, version) of heads naming a record that is gone, reported once each."""
         self.commits = 0
+        self.forged_rounds_removed = 0
+        """Unreadable newest round records this node deleted (``RunStore.remove_unreadable_round``)."""
+        self.blobs_restored = 0
+        """Blobs of a loaded version this node rewrote by replay (``syncer.repair``)."""
         self.lost_races = 0
         self.learner_leases_expired = 0
         """Learner leases this node saw expire unreleased while elected (only the elected node
@@ -294,7 +297,12 @@ class SyncerRuntime:
         for fragment in fragments:
             if self._loop.stopping or not self.election.is_leader:
                 return
-            self.advance(fragment)
+            try:  # one fragment that cannot advance (an object it cannot read) holds up no other
+                self.advance(fragment)
+            except GradientMailError as exc:
+                self._fragment_failures[fragment].failed(str(exc))
+            else:
+                self._fragment_failures[fragment].recovered()
         busy = any(view.round.accepted for view in self._views.values())
         now = self._clock()
         pace = pacing.end_pass(now, full=full, active=self._activity, busy=busy, leases_in_s=self._leases_in(now))
@@ -381,7 +389,24 @@ class SyncerRuntime:
             newest = view.version
         if view is None or newest > view.version:
             self._activity = True
-            committed = self.store.load_version(self.spec, fragment, newest)
+            try:
+                committed = self.store.load_version(self.spec, fragment, newest)
+            except InvalidRecord:
+                removed = self.store.remove_unreadable_round(fragment, newest)
+                if removed is None:
+                    raise
+                self.forged_rounds_removed += 1
+                log.warning(
+                    "fragment %d: deleted the round record at version %d, which no node wrote: %s", fragment, newest, removed
+                )
+                return
+            except (KeyNotFound, CorruptPayload) as exc:  # a blob of it is gone or damaged: replay puts it back
+                restored = restore_version(self.store, self.backend, self.spec, fragment, newest)
+                if not restored:
+                    raise
+                self.blobs_restored += len(restored)
+                log.warning("fragment %d version %d: %s; restored %s by replaying its round", fragment, newest, exc, restored)
+                return
             view = FragmentView(
                 newest,
                 committed.record,
@@ -429,11 +454,13 @@ class SyncerRuntime:
         """Learn the bounds' history from committed rounds we did not close: the newest one, and
         when the history is short (a new term), the ones before it, up to ``SEED_ROUNDS``."""
         history = self._history[fragment]
-        history.seed(newest.participants)
+        known = bool(history.rounds)  # we saw the rounds before: this one follows them
+        if not history.seed(newest.participants) and not known:
+            log.warning("fragment %d: round record %d lists more participants than a round holds", fragment, newest.version)
         version = newest.version - 1
-        while len(history) < MIN_HISTORY and version > newest.version - SEED_ROUNDS and version > 0:
+        while not known and version > newest.version - SEED_ROUNDS and version > 0:
             try:
-                history.seed(self.store.read_round(fragment, version).participants)
+                history.seed(self.store.read_round(fragment, version).participants, older=True)
             except (KeyNotFound, InvalidRecord):
                 return
             version -= 1
@@ -660,8 +687,7 @@ class SyncerRuntime:
             self._quorum_at[(fragment, view.version)] = current.quorum_at
             for closed in [k for k in self._quorum_at if k[0] == fragment and k[1] < view.version - QUORUM_TIMES_KEPT]:
                 del self._quorum_at[closed]
-        for a in draft.participants:
-            self._history[fragment].record(a.contribution.steps, a.contribution.samples, a.norm)
+        self._history[fragment].record([(a.contribution.steps, a.contribution.samples, a.norm) for a in draft.participants])
         self.commits += 1
         self._referenced[(fragment, record.version)] = frozenset(
             [p.contribution for p in record.participants] + [r.contribution for r in current.rejected]

@@ -192,6 +192,20 @@ SYNCER_LOST_RACES = _spec(
     N,
     "Rounds this node merged but another syncer committed first (create-once refused).",
 )
+SYNCER_REMOVED_ROUNDS = _spec(
+    "gradientmail.syncer.removed_rounds",
+    "counter",
+    "{record}",
+    N,
+    "Round records at a fragment's newest version that no node wrote, deleted by this node as syncer (INV-20).",
+)
+SYNCER_RESTORED_BLOBS = _spec(
+    "gradientmail.syncer.restored_blobs",
+    "counter",
+    "{blob}",
+    N,
+    "Deleted or damaged blobs of a loaded version this node rewrote by replaying its round (INV-21).",
+)
 STORE_UNPARSABLE_KEYS = _spec(
     "gradientmail.store.unparsable_keys",
     "counter",

@@ -76,6 +76,8 @@ class MetricsRecorder:
         self._observe(c.SYNCER_ELECTIONS, _per_node(lambda r: r.election.elections_won))
         self._observe(c.SYNCER_TAKEOVERS, _per_node(lambda r: r.election.takeovers))
         self._observe(c.SYNCER_LOST_RACES, _per_node(lambda r: r.lost_races))
+        self._observe(c.SYNCER_REMOVED_ROUNDS, _per_node(lambda r: r.forged_rounds_removed))
+        self._observe(c.SYNCER_RESTORED_BLOBS, _per_node(lambda r: r.blobs_restored))
         self._observe(c.STORE_UNPARSABLE_KEYS, _per_node(lambda r: r.store.unparsable_keys))
         self._observe(c.LEARNER_STEPS, _per_learner(lambda s: s.stats.steps))
         self._observe(c.LEARNER_SAMPLES, _per_learner(lambda s: s.stats.samples))

@@ -1,0 +1,42 @@
+"""Putting back a committed version's blobs that someone deleted or damaged, by replay.
+
+A version's parameters and outer state are a pure function of the version before and the
+contributions its record lists (INV-4), and retention keeps both for the newest
+``audit_rounds`` rounds. So a syncer that loads a version whose blob is gone recomputes it,
+checks it against the sha256 and size the record pins, and writes the same bytes back at the
+same key (INV-21): nothing committed is lost, and nothing but the committed bytes can be
+written there (they are checked before the write). The compact update blob is not restored:
+learners without it read the full parameters.
+"""
+
+from __future__ import annotations
+
+from gradientmail.backends import Backend, payload
+from gradientmail.errors import CorruptPayload, GradientMailError, KeyNotFound
+from gradientmail.store import RunSpec, RunStore
+from gradientmail.syncer.rounds import replayed_draft
+
+__all__ = ["restore_version"]
+
+
+def restore_version(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> list[str]:
+    """Rewrite the missing or damaged parameter and outer-state blobs of ``version`` from a
+    replay of its round; the keys written. Raises ``GradientMailError`` naming the version
+    when it cannot (version 0, its inputs collected by retention, a replay on another backend
+    that does not reproduce the committed bytes)."""
+    record = store.read_round(fragment, version)
+    damaged = [ref for ref in (record.params, record.outer_state) if not store.blob_intact(ref)]
+    if not damaged:
+        return []
+    try:
+        draft = replayed_draft(store, backend, spec, fragment, version)
+    except (KeyNotFound, CorruptPayload, GradientMailError) as exc:
+        raise GradientMailError(
+            f"fragment {fragment} version {version}: {', '.join(ref.key for ref in damaged)} missing or damaged, "
+            f"and its round cannot be replayed to restore it: {exc}"
+        ) from exc
+    recomputed = {record.params.key: draft.params, record.outer_state.key: draft.state.to_tensors()}
+    for ref in damaged:
+        data = payload.encode({name: backend.to_numpy(tensor) for name, tensor in recomputed[ref.key].items()})
+        store.restore_blob(ref, data)
+    return [ref.key for ref in damaged]
