@@ -105,11 +105,13 @@ class HostileWriter(threading.Thread):
         return f"{FLOOD} records on version {base}"
 
     def replayed_head(self, fragment: int) -> str:
-        saved = self.saved_heads.get(fragment)
+        """Put back a head saved by an earlier turn (of whichever fragment has one), saving the
+        current one for the next; the first turn only saves."""
+        fragment = next(iter(self.saved_heads), fragment)
+        saved = self.saved_heads.pop(fragment, None)
         current = self.mailbox.get(keys.head(fragment))
+        self.saved_heads[fragment] = current
         if saved is None:
-            self.saved_heads[fragment] = current
             return "head saved for a later replay"
         self.mailbox.put(keys.head(fragment), saved)
-        self.saved_heads[fragment] = current
-        return "an earlier head put back"
+        return f"fragment {fragment}'s head of an earlier turn put back"

@@ -12,7 +12,7 @@ from gradientmail.algorithms.diloco import weight
 from gradientmail.backends import get_backend, payload
 from gradientmail.records import Contribution, keys
 from gradientmail.session.join import RunProposal, join_run
-from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, LeaseRead, RunStore
+from gradientmail.store import ContributionCounts, LearnerLease, LeaseName, LeaseObserver, LeaseRead, RunStore
 from gradientmail.syncer import Election, GraceEstimator, SyncerRuntime, replay_round
 from tests.fake_clock import FakeClock
 
@@ -212,6 +212,7 @@ def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(r
     assert store.newest_version(0) == 1
     v1 = committed_params(store, 1)
 
+    LearnerLease(store, "late", 10.0).renew({})  # a live learner: its stale snapshot is deleted at once
     contribute(store, "late", 0, good, 10, 80, anchor=numpy_model(1.0))  # against version 0: stale
     contribute(store, "lazy", 1, good, 0, 0, anchor=v1)  # zero steps
     contribute(store, "nan", 1, {n: np.full_like(v, np.nan) for n, v in good.items()}, 5, 40, anchor=v1)
@@ -247,7 +248,7 @@ def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(r
         "junk": "malformed",
     }
     assert all(np.isfinite(v).all() for v in store.read_tensors(record.params).values())
-    # the stale snapshot was listed once and then removed
+    # the live learner's stale snapshot was listed once and then removed (a stranger's: retention's)
     assert not box.exists(keys.contribution_record(0, 0, "late", 1))
     contribute(store, "ok", 2, good, 5, 40, anchor=committed_params(store, 2))
     syncer.run_once()
@@ -631,21 +632,32 @@ def test_names_that_are_no_key_of_the_layout_are_skipped_counted_and_logged_once
 
 
 def test_a_flood_of_records_cannot_crowd_out_a_live_learner_or_oversize_the_round_record(run):
-    """INV-7, INV-12: 1,100 junk contribution records listed before a live learner's: the round
-    examines at most ROUND_CONTRIBUTION_LIMIT, the live learner's first, rejects the rest
-    ``flood`` unread, lists 256 rejections and counts the rest by reason, and commits."""
+    """INV-7, INV-12: 1,100 junk contribution records under leased ids, listed before the
+    contribution of the learner that was in the round before: the round examines at most
+    ROUND_CONTRIBUTION_LIMIT, that learner's first, rejects the rest ``flood`` unread, lists 256
+    rejections and counts the rest by reason, and commits."""
     from gradientmail.records.models import MAX_LISTED_REJECTIONS
     from gradientmail.store import LearnerLease
     from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT
 
-    box, store, spec, syncer = run
+    box, store, spec, _ = run
+    clock = FakeClock()
+    syncer = SyncerRuntime(store, NUMPY, spec, "syncer-node", lease_ttl_s=10.0, poll_interval_s=0.2, clock=clock)
     LearnerLease(store, "zz-real", 10.0).renew({})
-    junk = 1100
-    for i in range(junk):  # ids that sort before the real one, as a listing returns them
-        box.put(keys.contribution_record(0, 0, f"a{i:05d}", 1), b"{}")
     contribute(store, "zz-real", 0, numpy_model(2.0), 10, 80)
     syncer.run_once()
-    record = store.read_round(0, 1)
+    assert store.round_exists(0, 1)
+    junk = 1100
+    for i in range(junk):  # ids that sort before the real one, as a listing returns them, each with a lease
+        LearnerLease(store, f"a{i:05d}", 10.0).renew({})
+        box.put(keys.contribution_record(0, 1, f"a{i:05d}", 1), b"{}")
+    contribute(store, "zz-real", 1, numpy_model(3.0), 10, 80)
+    for _ in range(100):  # the junk ids count as live until their leases expire: the round waits its grace window
+        syncer.run_once()
+        if store.round_exists(0, 2):
+            break
+        clock.now += 0.5
+    record = store.read_round(0, 2)
     assert [p.learner for p in record.participants] == ["zz-real"]
     assert len(record.rejected) == MAX_LISTED_REJECTIONS
     assert len(record.rejected) + sum(record.rejections_omitted.values()) == junk
@@ -653,6 +665,31 @@ def test_a_flood_of_records_cannot_crowd_out_a_live_learner_or_oversize_the_roun
     listed_flood = sum(r.reason == "flood" for r in record.rejected)
     assert record.rejections_omitted.get("flood", 0) + listed_flood == flooded
     assert record.rejections_omitted.get("malformed", 0) + sum(r.reason == "malformed" for r in record.rejected) == junk - flooded
+
+
+def test_records_under_made_up_ids_cost_a_pass_a_few_reads_and_never_hold_a_round_up(run):
+    """INV-7: 1,100 junk records under ids that are neither live nor in the round before: a pass
+    reads at most STRANGERS_PER_PASS of them, the live learner's round commits in that pass,
+    and the rest are judged stale by name in the next round (no read)."""
+    from gradientmail.store import LearnerLease
+    from gradientmail.syncer.runtime import STRANGERS_PER_PASS
+
+    box, store, spec, syncer = run
+    LearnerLease(store, "zz-real", 10.0).renew({})
+    junk = 1100
+    for i in range(junk):
+        box.put(keys.contribution_record(0, 0, f"a{i:05d}", 1), b"{}")
+    contribute(store, "zz-real", 0, numpy_model(2.0), 10, 80)
+    syncer.run_once()
+    record = store.read_round(0, 1)
+    assert [p.learner for p in record.participants] == ["zz-real"]
+    assert [r.reason for r in record.rejected] == ["malformed"] * STRANGERS_PER_PASS
+    contribute(store, "zz-real", 1, numpy_model(3.0), 10, 80)
+    syncer.run_once()
+    after = store.read_round(0, 2)
+    assert [p.learner for p in after.participants] == ["zz-real"]
+    stale = sum(r.reason == "stale" for r in after.rejected) + after.rejections_omitted.get("stale", 0)
+    assert stale == junk - STRANGERS_PER_PASS
 
 
 def test_a_replayed_head_cannot_point_a_joiner_or_a_new_syncer_back(run, caplog):

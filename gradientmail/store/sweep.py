@@ -11,7 +11,11 @@ from gradientmail.records import RoundRecord, keys
 from gradientmail.store.retention import ORPHAN_GRACE_VERSIONS, Retention
 from gradientmail.store.run_store import RunStore
 
-__all__ = ["RetentionSweep", "referenced_blobs"]
+__all__ = ["DELETES_PER_SWEEP", "RetentionSweep", "referenced_blobs"]
+
+DELETES_PER_SWEEP = 256
+"""Most objects one sweep deletes (one request each): an honest commit gives up a few dozen; a
+flood of thousands is collected over the following commits instead of stalling one."""
 
 
 def referenced_blobs(record: RoundRecord) -> frozenset[str]:
@@ -53,7 +57,8 @@ class RetentionSweep:
                 doomed.extend(k for k in found if referenced is not None and k not in referenced)
         doomed.extend(store.contribution_objects_below(fragment, retention.oldest_kept_base(newest, self._max_staleness)))
         if doomed:
-            store.delete_keys(doomed)
+            doomed.sort(key=lambda k: k.endswith(".json"))  # blobs before the records, as delete_keys does
+            store.delete_keys(doomed[:DELETES_PER_SWEEP])  # the rest next commit: a flood never stalls one
         for key in [k for k in self._blobs_of if k[0] == fragment and k[1] not in kept]:
             del self._blobs_of[key]
 

@@ -90,6 +90,12 @@ QUORUM_TIMES_KEPT = 8
 arrive after their round, for ``grace_rule="arrivals"``)."""
 
 PREFETCH = 2
+STALE_DELETES_PER_COMMIT = 64
+"""Stale contributions a commit deletes at once, one request each; a flood's thousands are left
+to retention, which deletes contributions once their base ages out of the audit window."""
+STRANGERS_PER_PASS = 16
+"""Contributions of ids neither live nor in the round before that one pass examines: a flood of
+records under made-up ids costs a pass at most this many reads and never holds a round up."""
 """Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
 checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
 syncer holds at most this many payloads beyond the ones it accepted."""
@@ -210,6 +216,8 @@ class SyncerRuntime:
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
         self.live: dict[str, Lease] = {}
+        self._judged_stale: set[tuple[int, str]] = set()
+        """(fragment, contribution key) rejected stale by a round this node committed: not again."""
         self._ghost_heads: set[tuple[int, int]] = set()
         """(fragment, version) of heads naming a record that is gone, reported once each."""
         self.commits = 0
@@ -484,7 +492,7 @@ class SyncerRuntime:
                 self._old_contribution(fragment, key, view)
                 continue
             steps.append(key)
-        steps = self._within_budget(current, steps)
+        steps = self._within_budget(current, steps, regulars={p.learner for p in view.record.participants})
         if not steps:
             return
         started = self._clock()
@@ -508,16 +516,24 @@ class SyncerRuntime:
                     future.cancel()
         current.fetch_s += self._clock() - started
 
-    def _within_budget(self, current: OpenRound, steps: list[keys.ContributionKey]) -> list[keys.ContributionKey]:
-        """The new contributions this round examines, live learners' first (in listed order), up
-        to ``ROUND_CONTRIBUTION_LIMIT`` in all; the rest are rejected ``flood`` without a read."""
+    def _within_budget(
+        self, current: OpenRound, steps: list[keys.ContributionKey], *, regulars: set[str]
+    ) -> list[keys.ContributionKey]:
+        """The new contributions this pass examines, in this order (each in listed order): the
+        ``regulars`` (participants of the round before), then learners with a live lease, then
+        at most ``STRANGERS_PER_PASS`` of the others; up to ``ROUND_CONTRIBUTION_LIMIT`` in the
+        round, past which they are rejected ``flood`` without a read. Strangers left for a later
+        pass are not waited for: the round closes by its rule, and they are judged stale by
+        name afterwards."""
+        first = [key for key in steps if key.learner in regulars]
+        live = [key for key in steps if key.learner not in regulars and key.learner in self.live]
+        strangers = [key for key in steps if key.learner not in regulars and key.learner not in self.live]
+        steps = first + live + strangers[:STRANGERS_PER_PASS]
         room = ROUND_CONTRIBUTION_LIMIT - current.examined
         if len(steps) <= room:
             current.examined += len(steps)
             return steps
-        live = [key for key in steps if key.learner in self.live]
-        ordered = live + [key for key in steps if key.learner not in self.live]
-        chosen, refused = ordered[: max(0, room)], ordered[max(0, room) :]
+        chosen, refused = steps[: max(0, room)], steps[max(0, room) :]
         current.examined += len(chosen)
         for key in refused:
             current.seen.add(key.record)
@@ -561,9 +577,10 @@ class SyncerRuntime:
 
     def _old_contribution(self, fragment: int, key: keys.ContributionKey, view: FragmentView) -> None:
         """A contribution against an older version: kept for audit once a round lists it (retention
-        collects it when the round leaves the audit window), else stale."""
+        collects it when the round leaves the audit window), else stale — once: a round this node
+        committed that rejected it stale (listed or only counted) is not repeated."""
         last_round = key.base_version + 1 + self.spec.algorithm.max_staleness  # the last round that could list it
-        if any(
+        if (fragment, key.record) in self._judged_stale or any(
             key.record in self._keys_listed_by(fragment, v)
             for v in range(key.base_version + 1, min(last_round, view.version) + 1)
         ):
@@ -693,10 +710,12 @@ class SyncerRuntime:
             [p.contribution for p in record.participants] + [r.contribution for r in current.rejected]
         )
         self._retention.committed(record)
-        for rejection in current.rejected:
-            stale = keys.parse_contribution_record(rejection.contribution) if rejection.reason == "stale" else None
-            if stale is not None:
-                self.store.delete_contribution(stale)
+        stale = [keys.parse_contribution_record(r.contribution) for r in current.rejected if r.reason == "stale"]
+        self._judged_stale.update((fragment, k.record) for k in stale if k is not None)
+        known = set(self.live) | {p.learner for p in record.participants}
+        ours = [k for k in stale if k is not None and k.learner in known]  # strangers' floods: retention's
+        for stale_key in ours[:STALE_DELETES_PER_COMMIT]:
+            self.store.delete_contribution(stale_key)
         next_round = OpenRound(record.version, opened_at=committed_at)
         self._views[fragment] = FragmentView(record.version, record, Base(draft.params, draft.state), next_round, stored.sha256)
         self._anchor_bounds(fragment, self._views[fragment].base)
@@ -726,3 +745,11 @@ class SyncerRuntime:
         oldest_base = self.spec.retention.oldest_kept_base(record.version, self.spec.algorithm.max_staleness)
         for key in [k for k in self._referenced if k[0] == fragment and k[1] < oldest_base]:
             del self._referenced[key]  # no contribution based below it is left to check
+        for judged in [j for j in self._judged_stale if j[0] == fragment and _base_of(j[1]) < oldest_base]:
+            self._judged_stale.discard(judged)  # retention deletes those
+
+
+def _base_of(record_key: str) -> int:
+    """The base version a contribution record key names (-1 if it names none)."""
+    parsed = keys.parse_contribution_record(record_key)
+    return parsed.base_version if parsed is not None else -1
