@@ -38,13 +38,14 @@ from gradientmail.errors import (
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
 from gradientmail.records.auth import RunKey
-from gradientmail.session import Session, SessionOptions
+from gradientmail.session import Session, SessionOptions, SyncerNode
 from gradientmail.settings import NodeSettings, session_from_env
 from gradientmail.store import Retention
 
 __all__ = [
     "Session",
     "SessionOptions",
+    "SyncerNode",
     "RunKey",
     "Retention",
     "NodeSettings",

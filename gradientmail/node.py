@@ -12,6 +12,8 @@ images' health check), then runs one of:
 * ``GRADIENTMAIL_ENTRYPOINT=package.module`` (run as ``__main__``) or
   ``package.module:function`` (called without arguments) — a training script from an
   installed package;
+* ``GRADIENTMAIL_ROLE=syncer`` — no training at all: the run's dedicated syncer
+  (:class:`~gradientmail.SyncerNode`), until SIGTERM;
 * neither — the default job, :data:`DEFAULT_JOB` (``demo.worker:node_main``): the demo GPT on
   Shakespeare for ``GRADIENTMAIL_STEPS`` steps, on the backend named by ``GRADIENTMAIL_BACKEND``
   (``torch`` by default, ``mlx``), with the run settings given. The demo is the repository's
@@ -162,6 +164,13 @@ def run_node(settings: NodeSettings) -> int:
 
 
 def _run_job(settings: NodeSettings) -> int:
+    if settings.role == "syncer":
+        if settings.script or settings.entrypoint:
+            raise InvalidConfig("role", "a syncer node runs no training job: unset GRADIENTMAIL_SCRIPT / GRADIENTMAIL_ENTRYPOINT")
+        log.info("running as the run's dedicated syncer (GRADIENTMAIL_ROLE=syncer)")
+        with settings.syncer_node() as node:
+            node.wait()  # until SIGTERM (SystemExit(143) leaves the with: the lease is released)
+        return EXIT_DONE
     if settings.script:
         log.info("running the training script %s", settings.script)
         _run_script(settings.script)

@@ -34,7 +34,7 @@ from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
 from gradientmail.records.auth import RunKey
-from gradientmail.session import Session, SessionOptions
+from gradientmail.session import Session, SessionOptions, SyncerNode
 from gradientmail.store import Retention
 from gradientmail.telemetry import Telemetry, active, otlp_requested
 from gradientmail.telemetry import configure as configure_telemetry
@@ -168,8 +168,12 @@ class NodeSettings(BaseSettings):
     """Seconds between the passes that only look for news while nothing is expected (and between
     lease reads); unset: ``poll_interval_s``. A third of the lease TTL cuts idle S3 requests about tenfold
     (docs/operations.md)."""
+    role: Literal["both", "learner", "syncer"] = "both"
+    """``both``: train and take part in the syncer election; ``learner``: only train; ``syncer``:
+    only close rounds, as the run's dedicated syncer (``gm.SyncerNode``: no model, no training
+    script; it outranks training nodes in the election and one of them takes over when it dies)."""
     run_syncer: bool = _SESSION.run_syncer
-    """Take part in the syncer election; false for a node that should never close rounds."""
+    """False is the same as ``role=learner`` (kept from before roles)."""
     commit_timeout_s: float = _SESSION.commit_timeout_s
     """Longest a step waits for a commit under ``overlap_steps``, and closing for the rounds in flight."""
 
@@ -259,6 +263,19 @@ class NodeSettings(BaseSettings):
             options=self.session_options(),
             run_key=self.key(),
             retention=self.retention(),
+        )
+
+    def syncer_node(self) -> SyncerNode:
+        """The dedicated syncer these settings describe (``role=syncer``)."""
+        if active() is None:
+            self.telemetry()
+        return SyncerNode(
+            mailbox=self.mailbox,
+            node_id=self.learner_id,
+            run_key=self.key(),
+            backend="torch" if self.backend == "torch" else "numpy",  # MLX tensors stay on their training thread
+            poll_interval_s=self.poll_interval_s,
+            idle_poll_interval_s=self.idle_poll_interval_s,
         )
 
     def telemetry(self) -> Telemetry | None:

@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         "--keep-versions", type=int, default=1_000_000, help="retention (default: keep every version, so tests see all history)"
     )
     parser.add_argument("--run-key", default=None, help="sign the run's records with this key")
+    parser.add_argument("--role", choices=["both", "learner"], default="both")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.metrics_port is not None:
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     backend = gm.backend_for(model)
     rng = np.random.default_rng(args.seed + 1000)
     target = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
-    options = SessionOptions(lease_ttl_s=args.ttl, poll_interval_s=args.poll)
+    options = SessionOptions(lease_ttl_s=args.ttl, poll_interval_s=args.poll, role=args.role)
     # the test's own road to the mailbox: to count the learners' leases and for the end barrier
     harness = open_mailbox(args.mailbox)
     retention = gm.Retention(keep_versions=args.keep_versions, audit_rounds=min(8, args.keep_versions - 1))

@@ -1,5 +1,6 @@
-"""The learner side: ``Session`` around the user's training loop."""
+"""The node side: ``Session`` around the user's training loop, ``SyncerNode`` for a node that only syncs."""
 
 from gradientmail.session.session import Session, SessionOptions, SessionStats
+from gradientmail.session.syncer_node import SyncerNode
 
-__all__ = ["Session", "SessionOptions", "SessionStats"]
+__all__ = ["Session", "SessionOptions", "SessionStats", "SyncerNode"]

@@ -33,7 +33,15 @@ from gradientmail.errors import (
 from gradientmail.records import Manifest, ParameterSpec, RoundRecord
 from gradientmail.store import Arrays, Retention, RunSpec, RunStore, VersionDraft
 
-__all__ = ["RunProposal", "differences", "join_run", "model_signature", "newest_readable", "proposed_manifest"]
+__all__ = [
+    "RunProposal",
+    "checked_manifest",
+    "differences",
+    "join_run",
+    "model_signature",
+    "newest_readable",
+    "proposed_manifest",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +79,7 @@ def proposed_manifest(backend: Backend, model: Any, proposal: RunProposal, learn
     )
 
 
-def _read_manifest(store: RunStore) -> Manifest | None:
+def checked_manifest(store: RunStore) -> Manifest | None:
     """The manifest, verified under our key; a key mismatch becomes ``RunConfigMismatch``."""
     ours = store.key.key_id if store.key is not None else None
     try:
@@ -129,11 +137,11 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
     """
     algorithm = proposal.algorithm
     proposed = proposed_manifest(backend, model, proposal, learner_id, store.key.key_id if store.key is not None else None)
-    manifest = _read_manifest(store)
+    manifest = checked_manifest(store)
     created = False
     if manifest is None:
         created = store.create_manifest(proposed)
-        manifest = proposed if created else _read_manifest(store)
+        manifest = proposed if created else checked_manifest(store)
         if manifest is None:  # create-once objects are never deleted
             raise GradientMailError(f"the manifest of {store.url} exists but cannot be read")
     problems = differences(manifest, algorithm, proposed.parameters)

@@ -40,6 +40,10 @@ _FLUSH_ATTEMPTS = 3
 """Final contributions published at close when a round closes without the previous ones."""
 
 
+ROLES = ("both", "learner")
+"""The roles of a training node (``SessionOptions.role``); ``"syncer"`` is ``gm.SyncerNode``."""
+
+
 @dataclass(frozen=True)
 class SessionOptions:
     """How one node talks to the mailbox. Defaults suit a run over S3 with steps of ~1 s."""
@@ -58,14 +62,31 @@ class SessionOptions:
     ``poll_interval_s``. ``lease_ttl_s / 3`` cuts an idle learner's S3 requests about tenfold
     (docs/benchmarks.md) but, measured, let a half-speed learner's work reach fewer commits
     (82 % of its steps merged against 97 %); see docs/session.md, "Polling"."""
+    role: str = "both"
+    """``"both"`` (the default): train and take part in the syncer election; ``"learner"``: only
+    train, never close a round (no delete permission needed, docs/security.md). A node that only
+    syncs is a :class:`~gradientmail.SyncerNode` (``GRADIENTMAIL_ROLE=syncer``)."""
     run_syncer: bool = True
-    """Take part in the syncer election (every node does by default)."""
+    """False is the same as ``role="learner"`` (kept from before roles)."""
     commit_timeout_s: float = 600.0
     """Longest ``step()`` waits for a commit under ``overlap_steps``, and ``close()`` for each."""
     step_time_smoothing: float = 0.1
     """EMA weight of the newest step time reported for the grace window."""
 
+    @property
+    def elects(self) -> bool:
+        """Whether this node takes part in the syncer election."""
+        return self.role == "both" and self.run_syncer
+
     def __post_init__(self) -> None:
+        if self.role == "syncer":
+            raise InvalidConfig(
+                "role", "a node that only syncs trains no model: use gm.SyncerNode(mailbox=...) (GRADIENTMAIL_ROLE=syncer)"
+            )
+        if self.role not in ROLES:
+            raise InvalidConfig(
+                "role", f"must be one of {', '.join(map(repr, ROLES))} (or 'syncer' for gm.SyncerNode), got {self.role!r}"
+            )
         for name in ("lease_ttl_s", "poll_interval_s", "commit_timeout_s"):
             if not getattr(self, name) > 0:
                 raise InvalidConfig(name, f"must be positive, got {getattr(self, name)!r}")
@@ -222,7 +243,7 @@ class Session:
             lease_info=self.lease_info,
             clock=time.monotonic,
             algorithm=self.algorithm,
-            run_syncer=self.options.run_syncer,
+            run_syncer=self.options.elects,
         )
         live = dict(self.backend.named_parameters(self.model))
         for state in fragments:

@@ -18,6 +18,13 @@ syncer runtime polls the election on a thread of its own, so renewals never wait
 | take over (CAS with the watched token) | new token | we hold term + 1 |
 | take over | ``VersionConflict`` | another node won; watch the new holder |
 | read: unreadable or unauthenticated lease | — | take over at once by CAS on its token |
+| read as a dedicated syncer: a training node's live lease | — | take over at once by CAS (term + 1) |
+
+A dedicated syncer (``gm.SyncerNode``, ``GRADIENTMAIL_ROLE=syncer``) outranks a node that also
+trains, never another dedicated one. Its lease says so (``info["dedicated"]``); a training node that holds the
+lease learns it was deposed at its next renewal (create-once keeps a round it commits
+meanwhile safe) and watches from then on like any other, taking over once the dedicated
+syncer's lease expires.
 """
 
 from __future__ import annotations
@@ -39,9 +46,13 @@ log = logging.getLogger(__name__)
 class Election:
     """This node's view of who holds the syncer lease; ``poll()`` advances it."""
 
-    def __init__(self, store: RunStore, node_id: str, ttl_s: float, clock: Clock = time.monotonic) -> None:
+    def __init__(
+        self, store: RunStore, node_id: str, ttl_s: float, clock: Clock = time.monotonic, *, dedicated: bool = False
+    ) -> None:
         self._store = store
         self.node_id = node_id
+        self.dedicated = dedicated
+        """A node that only syncs: it outranks the holder of a lease that is not dedicated."""
         self.ttl_s = ttl_s
         self._clock = clock
         self._observer = LeaseObserver(ttl_s, clock)
@@ -108,6 +119,9 @@ class Election:
                 self._expired_token = token
                 self.leases_expired += 1
             self._swap(token, lease.term + 1, takeover=True)
+        elif self.dedicated and (lease.released or not lease.info.get("dedicated")):
+            log.info("node %s (a dedicated syncer) takes the syncer lease from %s, which also trains", self.node_id, lease.holder)
+            self._swap(token, lease.term + 1, takeover=True)
         return self.is_leader
 
     def resign(self) -> None:
@@ -121,7 +135,10 @@ class Election:
 
     def _lease(self, term: int, released: bool = False) -> Lease:
         self._sequence += 1
-        return Lease(kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released)
+        info: dict[str, object] = {"dedicated": True} if self.dedicated else {}
+        return Lease(
+            kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released, info=info
+        )
 
     def _create(self) -> None:
         try:

@@ -175,6 +175,7 @@ class SyncerRuntime:
         clock: Callable[[], float] = time.monotonic,
         on_commit: Callable[[int, int], None] | None = None,
         idle_interval_s: float | None = None,
+        dedicated: bool = False,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -182,7 +183,7 @@ class SyncerRuntime:
         self.node_id = node_id
         self._clock = clock
         ttl_s = spec.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
-        self.election = Election(store, node_id, ttl_s, clock)
+        self.election = Election(store, node_id, ttl_s, clock, dedicated=dedicated)
         self._observer = LeaseObserver(ttl_s, clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
