@@ -176,6 +176,12 @@ class NodeSettings(BaseSettings):
     """False is the same as ``role=learner`` (kept from before roles)."""
     commit_timeout_s: float = _SESSION.commit_timeout_s
     """Longest a step waits for a commit under ``overlap_steps``, and closing for the rounds in flight."""
+    state_dir: str | None = _SESSION.state_dir
+    """Directory the learner saves what a restart needs to (its optimizer and scheduler states as
+    the script registers them, its step count, random generators) and resumes from; a volume that
+    outlives the container or pod. Unset: a restarted learner starts over."""
+    save_state_every: int = Field(default=_SESSION.save_state_every, ge=1)
+    """Steps between two saves of the learner state (and one at a clean close)."""
 
     # What ``gradientmail node`` (the container images' command) runs; see gradientmail/node.py.
     script: str | None = None

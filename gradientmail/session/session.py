@@ -28,6 +28,7 @@ from gradientmail.records.auth import RunKey
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.join import RunProposal, join_run, newest_readable
 from gradientmail.session.node_loops import NodeLoops
+from gradientmail.session.resume import LearnerState, Stateful, check_stateful
 from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry
@@ -70,6 +71,13 @@ class SessionOptions:
     """False is the same as ``role="learner"`` (kept from before roles)."""
     commit_timeout_s: float = 600.0
     """Longest ``step()`` waits for a commit under ``overlap_steps``, and ``close()`` for each."""
+    state_dir: str | None = None
+    """Save what a restart needs (registered optimizers and schedulers, ``total_steps``, random
+    generators) to ``{state_dir}/{learner_id}.state``, and resume from it (docs/session.md,
+    "Resuming"). None: a restarted learner starts over."""
+    save_state_every: int = 100
+    """Steps between two saves of the learner state (and one at a clean close): at most this
+    many steps are redone after a crash."""
     step_time_smoothing: float = 0.1
     """EMA weight of the newest step time reported for the grace window."""
 
@@ -94,6 +102,8 @@ class SessionOptions:
             raise InvalidConfig("idle_poll_interval_s", f"must be at least poll_interval_s ({self.poll_interval_s})")
         if not 0 < self.step_time_smoothing <= 1:
             raise InvalidConfig("step_time_smoothing", "must be in (0, 1]")
+        if isinstance(self.save_state_every, bool) or not isinstance(self.save_state_every, int) or self.save_state_every < 1:
+            raise InvalidConfig("save_state_every", f"must be a positive integer, got {self.save_state_every!r}")
         if self.lease_ttl_s < 2 * self.poll_interval_s:
             raise InvalidConfig("lease_ttl_s", f"must be at least twice poll_interval_s ({self.poll_interval_s})")
 
@@ -210,6 +220,11 @@ class Session:
         self._last_step_at: float | None = None
         self._step_time_s: float | None = None
         self._run: _Running | None = None
+        self._state = LearnerState(self.options.state_dir, self.learner_id) if self.options.state_dir else None
+        self._checkpointed: list[Stateful] = []
+        self._saved: dict[str, Any] | None = None
+        self.steps_before = 0
+        """Steps this learner trained in the run before this session (restored from ``state_dir``)."""
 
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:
@@ -230,6 +245,7 @@ class Session:
             self.backend.write_parameters(self.model, self._tensors(committed))
             fragments.append(LearnerFragment.joined(fragment, names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
+        self._resume(spec)
         self.stats.dropped_at_close = [0] * len(fragments)
         loops = NodeLoops(
             self._store,
@@ -278,6 +294,37 @@ class Session:
         stats.samples += samples
         if self._attention or stats.steps >= run.next_due:
             self._exchange_between_steps(run)
+        if self._state is not None and self.total_steps % self.options.save_state_every == 0:
+            self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
+
+    @property
+    def total_steps(self) -> int:
+        """Steps this learner trained in the run, across restarts that resumed (``state_dir``):
+        what to index data and schedules by."""
+        return self.steps_before + self.stats.steps
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Save these (each with ``state_dict()``/``load_state_dict()``: optimizers, schedulers,
+        a sampler) with the learner state, and restore them on resuming. Register them in the
+        same order every time; registered after the session opened, they are restored at once."""
+        found = check_stateful(objects)
+        first = len(self._checkpointed)
+        self._checkpointed.extend(found)
+        if self._saved is not None:
+            LearnerState.restore(self._saved, found, first)
+
+    def _resume(self, spec: RunSpec) -> None:
+        """Load this learner's saved state, if any, as the session opens."""
+        if self._state is None:
+            return
+        saved = self._state.load(spec.manifest.run_id)
+        if saved is None:
+            return
+        self._saved = saved
+        self.steps_before = int(saved["total_steps"])
+        LearnerState.restore(saved, self._checkpointed)
+        LearnerState.restore_rng(saved)
+        log.info("%s resumes at step %d from %s", self.learner_id, self.steps_before, self._state.path)
 
     def _idle_interval_s(self) -> float:
         """The idle pace handed to the exchange and the syncer (``poll_interval_s`` unless set)."""
@@ -488,6 +535,8 @@ class Session:
                 self._finish_rounds(run)
                 self._wait_for_open_rounds(run)
                 self._load_newest(run)
+                if self._state is not None:
+                    self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
         finally:
             run.loops.stop(release=True)
             if self._owns_mailbox:

@@ -1,0 +1,118 @@
+"""Learners that resume (``SessionOptions.state_dir``, docs/session.md "Resuming"): a learner
+killed with SIGKILL at a step and restarted under its id continues from its last save, with the
+optimizer's moments, the schedule and the random generators it saved."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import gradientmail as gm
+from gradientmail.session.resume import LearnerState
+from tests.resume_proc import moments_digest
+from tests.run_procs import ROOT, wait_until
+
+SAVE_EVERY = 10
+
+
+def start(url: str, state_dir: Path, log: Path, steps: int = 200) -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "tests.resume_proc", "--mailbox", url, "--learner-id", "gpu-0",
+        "--state-dir", str(state_dir), "--steps", str(steps), "--save-every", str(SAVE_EVERY),
+    ]  # fmt: skip
+    return subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True)
+
+
+def events(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_a_learner_killed_mid_run_resumes_from_its_last_save_with_its_optimizer_state(tmp_path):
+    """kill -9 at a step past the first saves; the restart (same id, same state_dir) opens at
+    the saved step (at most SAVE_EVERY steps redone), with exactly the saved Adam moments and
+    learning rate, and trains to the end."""
+    url, state_dir = f"file://{tmp_path / 'box'}", tmp_path / "state"
+    first = start(url, state_dir, tmp_path / "first.log")
+    try:
+        wait_until(lambda: any(e.get("total_steps", 0) >= 37 for e in events(tmp_path / "first.log")), 120, "37 steps")
+        first.kill()
+        first.wait()
+    finally:
+        if first.poll() is None:
+            first.kill()
+    reached = max(e["total_steps"] for e in events(tmp_path / "first.log") if e["event"] == "step")
+    saved = torch.load(state_dir / "gpu-0.state", weights_only=True)
+    assert reached - SAVE_EVERY <= saved["total_steps"] <= reached and saved["total_steps"] % SAVE_EVERY == 0
+    model = torch.nn.Linear(8, 4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    optimizer.load_state_dict(saved["objects"][0])
+    expected = moments_digest(optimizer)
+
+    second = start(url, state_dir, tmp_path / "second.log")
+    assert second.wait(timeout=180) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    opened = next(e for e in events(tmp_path / "second.log") if e["event"] == "opened")
+    assert opened["total_steps"] == saved["total_steps"]
+    assert opened["moments"] == expected
+    assert opened["lr"] == saved["objects"][1]["_last_lr"][0]
+    closed = next(e for e in events(tmp_path / "second.log") if e["event"] == "closed")
+    assert closed["total_steps"] == 200
+    assert torch.load(state_dir / "gpu-0.state", weights_only=True)["total_steps"] == 200  # saved at the clean close
+
+
+def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_path):
+    """A session closed cleanly saves its state; the next one with the same id resumes: the step
+    count continues and the next random numbers are those the first session would have drawn."""
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir=str(tmp_path / "state"), save_state_every=5)
+    mailbox = f"file://{tmp_path / 'box'}"
+
+    def session() -> gm.Session:
+        model = {"w": torch.zeros(3).numpy()}
+        return gm.Session(model, algorithm=gm.DiLoCo(sync_every=5, fragments=1), mailbox=mailbox, learner_id="a", options=options)
+
+    with session() as first:
+        for _ in range(7):
+            first.step()
+    state = torch.get_rng_state()
+    after_close = torch.rand(3)
+    torch.set_rng_state(state)
+    torch.manual_seed(123)  # the process moves on: a restart would not have this state
+    with session() as second:
+        assert second.steps_before == 7 and second.total_steps == 7
+        assert torch.equal(torch.rand(3), after_close)
+        second.step()
+        assert second.total_steps == 8
+
+
+def test_a_state_saved_in_another_run_is_ignored(tmp_path, caplog):
+    state = LearnerState(tmp_path, "a")
+    state.save("run-1", 50, [])
+    assert state.load("run-1")["total_steps"] == 50
+    with caplog.at_level("WARNING"):
+        assert state.load("run-2") is None
+    assert "saved in run run-1" in caplog.text
+
+
+def test_only_objects_with_state_dicts_can_be_registered(tmp_path):
+    session = gm.Session({"w": torch.zeros(2).numpy()}, mailbox=f"file://{tmp_path}", learner_id="a")
+    with pytest.raises(gm.InvalidConfig, match="state_dict"):
+        session.register_for_checkpointing(object())
+    with pytest.raises(gm.InvalidConfig, match="save_state_every"):
+        gm.SessionOptions(save_state_every=0)
+
+
+def test_the_state_file_is_replaced_atomically(tmp_path):
+    """A save writes a temporary file and renames it: the previous state stays whole until then."""
+    state = LearnerState(tmp_path, "a")
+    state.save("r", 10, [])
+    before = (tmp_path / "a.state").read_bytes()
+    state.save("r", 20, [])
+    assert (tmp_path / "a.state").read_bytes() != before
+    assert [p.name for p in tmp_path.iterdir()] == ["a.state"]
+    assert time.time() - (tmp_path / "a.state").stat().st_mtime < 60
