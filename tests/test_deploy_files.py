@@ -398,6 +398,7 @@ VALUE_SETS = {
     "external-s3": yaml.safe_load((CHART / "ci/external-s3-values.yaml").read_text()),
     "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
     "job": yaml.safe_load((CHART / "ci/job-values.yaml").read_text()),
+    "dedicated-syncer": yaml.safe_load((CHART / "ci/syncer-values.yaml").read_text()),
 }
 CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script", "run_key", "run_key_file"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -517,6 +518,36 @@ def test_every_pod_is_locked_down(value_set):
             context = container["securityContext"]
             assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
             assert context["capabilities"]["drop"] == ["ALL"]
+
+
+def test_the_dedicated_syncer_is_a_cpu_deployment_the_policies_and_the_metrics_service_select():
+    """syncer.enabled: one Deployment pod running `gradientmail node` with GRADIENTMAIL_ROLE=syncer
+    on the CPU image, no GPU, the run's settings but the role, its own node id; the network
+    policy, the MinIO policy's sources and the metrics Service select it with the learners."""
+    documents = _documents(_render(VALUE_SETS["dedicated-syncer"]))
+    (syncer,) = [d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == "gm-gradientmail-syncer"]
+    pod = syncer["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == f"ghcr.io/gradientmail/gradientmail-learner:{__version__}-cpu"
+    assert "nvidia.com/gpu" not in json.dumps(container["resources"])
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["GRADIENTMAIL_ROLE"] == "syncer" and env["GRADIENTMAIL_SYNC_EVERY"] == "100"
+    assert env["GRADIENTMAIL_LEARNER_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert [e["name"] for e in container["env"]].count("GRADIENTMAIL_ROLE") == 1
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/arch": "amd64"}
+    labels = pod["metadata"]["labels"]
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == "gm-gradientmail"]
+    (service,) = [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "gm-gradientmail"]
+    learner_labels = _learners(documents)["spec"]["template"]["metadata"]["labels"]
+    for selector in (policy["spec"]["podSelector"]["matchLabels"], service["spec"]["selector"]):
+        assert selector.items() <= labels.items() and selector.items() <= learner_labels.items()
+    assert _learner_container(documents)["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_a_dedicated_syncer_beside_learner_only_nodes_is_refused():
+    values = {**VALUE_SETS["dedicated-syncer"], "settings": {"role": "learner"}}
+    with pytest.raises(helm_python.HelmError, match="no node to take the rounds over"):
+        _render(values)
 
 
 def test_the_gpu_pool_requests_gpus_and_places_learners():

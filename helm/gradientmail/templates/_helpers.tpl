@@ -25,6 +25,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: learner
 {{- end -}}
 
+{{/* Every GradientMail node pod, learner or dedicated syncer: what the metrics Service and the
+network policies select (the workloads select by component). */}}
+{{- define "gradientmail.nodeSelector" -}}
+app.kubernetes.io/name: {{ include "gradientmail.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+gradientmail.io/node: "true"
+{{- end -}}
+
+{{/* The dedicated syncer's image: the CPU flavour unless an image is pinned by digest or tag. */}}
+{{- define "gradientmail.syncerImage" -}}
+{{- $repository := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $repository = printf "%s/%s" (trimSuffix "/" .) $repository }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repository (.Values.image.tag | default (printf "%s-cpu" .Chart.AppVersion)) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "gradientmail.minioSelector" -}}
 app.kubernetes.io/name: {{ include "gradientmail.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}

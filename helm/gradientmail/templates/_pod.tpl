@@ -21,6 +21,7 @@ metadata:
   labels:
     {{- include "gradientmail.labels" . | nindent 4 }}
     app.kubernetes.io/component: learner
+    gradientmail.io/node: "true"
     {{- with .Values.learners.podLabels }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
