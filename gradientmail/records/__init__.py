@@ -12,6 +12,8 @@ from gradientmail.records.models import (
     ParameterSpec,
     Participant,
     PayloadRef,
+    QueueClaim,
+    QueueDone,
     Realignment,
     RealignReason,
     Record,
@@ -39,6 +41,8 @@ __all__ = [
     "RealignReason",
     "Lease",
     "Head",
+    "QueueClaim",
+    "QueueDone",
     "check_learner_id",
     "default_learner_id",
 ]

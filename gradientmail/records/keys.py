@@ -12,6 +12,8 @@ zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Ke
     fragments/{f:04d}/contributions/{b:010d}/{learner}-{n}.json          create-once, learner
     leases/learners/{learner}.json                           mutable (plain put by its learner)
     leases/syncer.json                                       mutable (compare-and-swap), election
+    queues/{q}/claims/{u:010d}.json                          claim of unit u: create, then compare-and-swap
+    queues/{q}/done/{u:010d}.json                            create-once, the learner that finished unit u
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ MANIFEST = "manifest.json"
 SYNCER_LEASE = "leases/syncer.json"
 LEARNER_LEASES = "leases/learners/"
 FRAGMENTS = "fragments/"
+QUEUES = "queues/"
 
 _ID = LEARNER_ID.pattern.removeprefix("^").removesuffix("$")  # a learner id, inside a key
 _HEAD = re.compile(r"^fragments/(\d{4})/head\.json$")
@@ -35,6 +38,7 @@ _VERSION_BLOB = re.compile(
 )
 _CONTRIBUTION = re.compile(rf"^fragments/(\d{{4}})/contributions/(\d{{10}})/({_ID})-(\d{{10}})\.(json|safetensors)$")
 _LEARNER_LEASE = re.compile(rf"^leases/learners/({_ID})\.json$")
+_QUEUE = re.compile(rf"^queues/({_ID})/(claims|done)/(\d{{10}})\.json$")
 
 
 def fragment_root(fragment: int) -> str:
@@ -102,6 +106,29 @@ def learner_lease(learner: str) -> str:
     return f"{LEARNER_LEASES}{check_learner_id(learner)}.json"
 
 
+def queue_claim(queue: str, unit: int) -> str:
+    """The claim of ``unit`` of work queue ``queue`` (who trains it; replaced when its holder died)."""
+    return f"{queue_prefix(queue, 'claims')}{unit:010d}.json"
+
+
+def queue_done(queue: str, unit: int) -> str:
+    """The create-once record that ``unit`` of ``queue`` was trained to its end."""
+    return f"{queue_prefix(queue, 'done')}{unit:010d}.json"
+
+
+def queue_prefix(queue: str, part: str) -> str:
+    """Where the claims (``part="claims"``) or the done records (``"done"``) of a queue live."""
+    return f"{QUEUES}{check_learner_id(queue)}/{part}/"
+
+
+@dataclass(frozen=True)
+class QueueKey:
+    queue: str
+    part: str
+    """``claims`` or ``done``."""
+    unit: int
+
+
 @dataclass(frozen=True)
 class RoundKey:
     fragment: int
@@ -159,7 +186,9 @@ class SingletonKey:
     key: str
 
 
-ParsedKey = HeadKey | RoundKey | VersionBlobKey | ContributionKey | ContributionBlobKey | LearnerLeaseKey | SingletonKey
+ParsedKey = (
+    HeadKey | RoundKey | VersionBlobKey | ContributionKey | ContributionBlobKey | LearnerLeaseKey | SingletonKey | QueueKey
+)
 """What a name in a run's mailbox is, by the key layout above."""
 
 
@@ -184,6 +213,8 @@ def parse_key(key: object) -> ParsedKey | None:
         return LearnerLeaseKey(match[1])
     if (match := _HEAD.match(key)) is not None:
         return HeadKey(int(match[1]))
+    if (match := _QUEUE.match(key)) is not None:
+        return QueueKey(match[1], match[2], int(match[3]))
     return None
 
 

@@ -376,3 +376,32 @@ class Lease(Record):
     """Set by a holder that leaves cleanly, so others need not wait for the TTL."""
     info: dict[str, Any] = Field(default_factory=dict)
     renewed_at: str = Field(default_factory=utc_now)
+
+
+class QueueClaim(Record):
+    """Who trains one unit of a shared work queue (``session.queue``): created by the first
+    learner to take the unit, replaced by compare-and-swap (``generation`` + 1) by one that
+    takes over the unit of a learner whose lease expired."""
+
+    record_type: ClassVar[str] = "queue claim"
+    max_bytes: ClassVar[int] = 4096
+    queue: LearnerId
+    unit: int = Field(ge=0)
+    units: int = Field(ge=1)
+    """The queue's size as its learners declare it (they must agree)."""
+    holder: LearnerId
+    generation: int = Field(default=1, ge=1)
+    claimed_at: str = Field(default_factory=utc_now)
+
+
+class QueueDone(Record):
+    """Create-once: ``holder`` trained ``unit`` of ``queue`` to its end. At most one per unit."""
+
+    record_type: ClassVar[str] = "queue done"
+    max_bytes: ClassVar[int] = 4096
+    queue: LearnerId
+    unit: int = Field(ge=0)
+    holder: LearnerId
+    generation: int = Field(ge=1)
+    """The claim generation it finished under."""
+    done_at: str = Field(default_factory=utc_now)

@@ -28,6 +28,7 @@ from gradientmail.records.auth import RunKey
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.join import RunProposal, join_run, newest_readable
 from gradientmail.session.node_loops import NodeLoops
+from gradientmail.session.queue import WorkQueue
 from gradientmail.session.resume import LearnerState, Stateful, check_stateful
 from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
@@ -302,6 +303,21 @@ class Session:
         """Steps this learner trained in the run, across restarts that resumed (``state_dir``):
         what to index data and schedules by."""
         return self.steps_before + self.stats.steps
+
+    def queue(self, name: str, units: int) -> WorkQueue:
+        """Work units ``0 … units-1`` shared by the run's learners, each trained to its end by
+        exactly one of them (``session/queue.py``; docs/session.md, "Data each learner owns")."""
+        run = self._run
+        if run is None or not run.open:
+            raise RuntimeError("Session.queue() outside the session: use it inside `with gm.Session(...)`")
+        return WorkQueue(
+            self._store,
+            self.learner_id,
+            name,
+            units,
+            lease_ttl_s=run.spec.lease_ttl_s,
+            poll_interval_s=self.options.poll_interval_s,
+        )
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save these (each with ``state_dict()``/``load_state_dict()``: optimizers, schedulers,

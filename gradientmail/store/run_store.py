@@ -44,6 +44,8 @@ from gradientmail.records import (
     Manifest,
     Participant,
     PayloadRef,
+    QueueClaim,
+    QueueDone,
     Realignment,
     Record,
     Rejection,
@@ -689,6 +691,53 @@ class RunStore:
         """Replace the syncer lease by compare-and-swap (renew, take over, release); raises
         ``VersionConflict`` (someone else wrote it) or ``KeyNotFound`` (it was deleted)."""
         return self.swap_lease(keys.SYNCER_LEASE, lease, expected_token)
+
+    # -- work queues -----------------------------------------------------------------
+    def queue_units(self, queue: str) -> tuple[set[int], set[int]]:
+        """The units of ``queue`` that have a claim, and those that are done (two LISTs)."""
+        claimed: set[int] = set()
+        done: set[int] = set()
+        for part, into in (("claims", claimed), ("done", done)):
+            for _, parsed in self.listed(keys.queue_prefix(queue, part)):
+                if isinstance(parsed, keys.QueueKey) and parsed.queue == queue and parsed.part == part:
+                    into.add(parsed.unit)
+        return claimed, done
+
+    def read_queue_claim(self, queue: str, unit: int) -> tuple[QueueClaim | None, str] | None:
+        """A unit's claim and its version token; ``(None, token)`` for one that does not parse or
+        verify (it may be replaced); None when the unit has no claim."""
+        location = keys.queue_claim(queue, unit)
+        try:
+            data, token = self._mailbox.get_versioned(location, max_bytes=QueueClaim.max_bytes)
+        except KeyNotFound:
+            return None
+        except ObjectTooLarge:
+            info = self._mailbox.head(location)
+            return None if info is None else (None, info.token)
+        try:
+            claim = self._parse(QueueClaim, location, data)
+        except InvalidRecord:
+            return None, token
+        return (claim, token) if claim.queue == queue and claim.unit == unit else (None, token)
+
+    def create_queue_claim(self, claim: QueueClaim) -> str:
+        """Claim an unclaimed unit; ``RecordExists`` when another learner was first."""
+        location = keys.queue_claim(claim.queue, claim.unit)
+        return self._mailbox.create(location, self._encode(location, claim))
+
+    def swap_queue_claim(self, claim: QueueClaim, expected_token: str) -> str:
+        """Take a unit's claim over by compare-and-swap; ``VersionConflict`` when someone else did."""
+        location = keys.queue_claim(claim.queue, claim.unit)
+        return self._mailbox.swap(location, self._encode(location, claim), expected_token)
+
+    def create_queue_done(self, done: QueueDone) -> bool:
+        """Record that a unit was trained to its end; False when it was already (create-once)."""
+        location = keys.queue_done(done.queue, done.unit)
+        try:
+            self._mailbox.create(location, self._encode(location, done))
+        except RecordExists:
+            return False
+        return True
 
     # -- retention -----------------------------------------------------------------
     def version_blobs(self, fragment: int) -> dict[int, list[str]]:

@@ -1,0 +1,115 @@
+"""A work queue shared through the mailbox (``session.queue``, ``session/queue.py``): every unit is
+trained to its end by exactly one learner, across kills and restarts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gradientmail as gm
+from gradientmail.mailbox import FileMailbox
+from gradientmail.records import QueueDone, keys
+from gradientmail.session.queue import WorkQueue
+from gradientmail.store import LearnerLease, RunStore
+from tests.fake_clock import FakeClock
+from tests.run_procs import ROOT, wait_until
+
+TTL_S = 1.0
+
+
+def queue_of(store: RunStore, learner: str, clock: FakeClock, units: int = 4) -> WorkQueue:
+    return WorkQueue(store, learner, "shards", units, lease_ttl_s=TTL_S, poll_interval_s=0.0, clock=clock)
+
+
+def test_learners_claim_disjoint_units_and_a_dead_learners_unit_is_taken_over_after_a_ttl(tmp_path):
+    """Two learners take units 0-3 in turn; b dies holding unit 3. a, with nothing left to
+    claim, waits: once b's lease has stood still for a TTL on a's clock it takes unit 3 over
+    (claim generation 2), finishes it, and the queue is done."""
+    store = RunStore(FileMailbox(tmp_path / "box"))
+    clock = FakeClock()
+    leases = {name: LearnerLease(store, name, TTL_S) for name in ("a", "b")}
+    for lease in leases.values():
+        lease.renew({})
+    a, b = queue_of(store, "a", clock), queue_of(store, "b", clock)
+    assert (a.claim_next(), b.claim_next(), a.claim_next(), b.claim_next()) == (0, 1, 2, 3)
+    a.finish(0)
+    a.finish(2)
+    b.finish(1)  # and b dies holding unit 3
+    waits: list[float] = []
+
+    def wait(_: float) -> None:  # a polls while b's lease stands still; a's own is renewed
+        waits.append(clock.now)
+        clock.now += TTL_S / 2
+        leases["a"].renew({})
+
+    survivor = WorkQueue(store, "a", "shards", 4, lease_ttl_s=TTL_S, poll_interval_s=0.1, clock=clock, sleep=wait)
+    assert survivor.claim_next() == 3 and survivor.taken_over == [3]
+    assert len(waits) >= 2  # not before b's lease was a TTL old on a's clock
+    survivor.finish(3)
+    assert survivor.claim_next() is None  # every unit done
+    done = [json.loads(store.mailbox.get(keys.queue_done("shards", u))) for u in range(4)]
+    assert [d["holder"] for d in done] == ["a", "b", "a", "a"] and done[3]["generation"] == 2
+
+
+def test_a_restarted_learner_takes_back_its_own_unit_and_a_unit_is_done_once(tmp_path):
+    store = RunStore(FileMailbox(tmp_path / "box"))
+    clock = FakeClock()
+    LearnerLease(store, "a", TTL_S).renew({})
+    first = queue_of(store, "a", clock)
+    assert first.claim_next() == 0
+    restarted = queue_of(store, "a", clock)
+    assert restarted.claim_next() == 0  # rule 1: its own unfinished unit first
+    restarted.finish(0)
+    assert not store.create_queue_done(QueueDone(queue="shards", unit=0, holder="a", generation=1))
+    assert restarted.completed == [0]
+
+
+def test_learners_that_disagree_on_the_queue_size_are_refused(tmp_path):
+    store = RunStore(FileMailbox(tmp_path / "box"))
+    clock = FakeClock()
+    LearnerLease(store, "a", TTL_S).renew({})
+    queue_of(store, "a", clock, units=4).claim_next()
+    with pytest.raises(gm.InvalidConfig, match="has 4 units"):
+        queue_of(store, "b", clock, units=5).claim_next()
+    with pytest.raises(gm.InvalidConfig, match="units"):
+        queue_of(store, "b", clock, units=0)
+
+
+def start(url: str, name: str, workdir: Path, incarnation: int) -> tuple[subprocess.Popen[str], Path]:
+    log = workdir / f"{name}-{incarnation}.log"
+    command = [sys.executable, "-m", "tests.queue_proc", "--mailbox", url, "--learner-id", name]
+    return subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True), log
+
+
+def lines(log: Path) -> list[dict]:
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_every_unit_is_trained_to_its_end_exactly_once_across_kill_9_and_restart(tmp_path):
+    """Three learner processes share 24 units; one is killed with SIGKILL in the middle of a unit
+    and restarted under its id. Every unit has exactly one done record, and the units the
+    processes report done are each reported once, all 24 of them."""
+    url = f"file://{tmp_path / 'box'}"
+    store = RunStore(FileMailbox(tmp_path / "box"))
+    procs = {name: start(url, name, tmp_path, 0) for name in ("n0", "n1", "n2")}
+    victim, log = procs["n1"]
+    wait_until(lambda: len([e for e in lines(log) if e["event"] == "unit"]) >= 2, 120, "n1 to start its second unit")
+    victim.kill()
+    victim.wait()
+    procs["n1"] = start(url, "n1", tmp_path, 1)
+    for process, log in procs.values():
+        assert process.wait(timeout=240) == 0, log.read_text()[-3000:]
+    claimed, done = store.queue_units("shards")
+    assert done == set(range(24)) and claimed == set(range(24))  # one done record each (create-once)
+    logs = sorted(tmp_path.glob("n*-*.log"))
+    started = [e["unit"] for log in logs for e in lines(log) if e["event"] == "unit"]
+    assert set(started) == set(range(24))
+    again = {u for u in started if started.count(u) > 1}
+    assert len(again) <= 1  # only the unit n1 was training when it was killed, taken back by its restart
+    completed = [u for log in logs for e in lines(log) if e["event"] == "end" for u in e["completed"]]
+    assert len(completed) == len(set(completed))  # no unit reported done twice
