@@ -26,6 +26,7 @@ from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
+from gradientmail.session.group import detect_group, unwrap_model
 from gradientmail.session.join import RunProposal, join_run, newest_readable
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.session.queue import WorkQueue
@@ -197,7 +198,9 @@ class Session:
         options: SessionOptions | None = None,
         run_key: str | RunKey | None = None,
         retention: Retention | None = None,
+        group: Any = "auto",
     ) -> None:
+        model = unwrap_model(model)
         self.model = model
         self.algorithm = algorithm if algorithm is not None else DiLoCo()
         if not isinstance(self.algorithm, DiLoCo):
@@ -208,6 +211,11 @@ class Session:
             raise InvalidConfig("learner_id", str(exc)) from None
         self.backend: Backend = get_backend(backend) if isinstance(backend, str) else backend or backend_for(model)
         self.options = options or SessionOptions()
+        self.group = detect_group(group, self.backend.name)
+        """This rank's link to the other ranks of its learner under torchrun (``session/group.py``); None alone."""
+        self._following = False
+        self._saved_run_id: str | None = None
+        """A follower rank's run id (from rank 0), for its own state file."""
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
         self.retention = retention or Retention()
@@ -221,7 +229,8 @@ class Session:
         self._last_step_at: float | None = None
         self._step_time_s: float | None = None
         self._run: _Running | None = None
-        self._state = LearnerState(self.options.state_dir, self.learner_id) if self.options.state_dir else None
+        rank_suffix = f".rank{self.group.rank}" if self.group is not None and not self.group.is_leader else ""
+        self._state = LearnerState(self.options.state_dir, self.learner_id + rank_suffix) if self.options.state_dir else None
         self._checkpointed: list[Stateful] = []
         self._saved: dict[str, Any] | None = None
         self.steps_before = 0
@@ -236,7 +245,16 @@ class Session:
         self.close(wait=exc is None)
 
     def open(self) -> None:
-        """Join the run, load its newest committed parameters, start the background work."""
+        """Join the run, load its newest committed parameters, start the background work. A
+        follower rank of a group only receives the parameters from rank 0."""
+        if self.group is not None and not self.group.is_leader:
+            self.group.share_model(self.model)
+            run_id = self.group.share_object(None)  # the leader's run: to resume this rank's own state
+            self._saved_run_id = run_id
+            self._following = True
+            if self._state is not None:
+                self._resume_state(self._state.load(run_id))
+            return
         proposal = RunProposal(self.algorithm, lease_ttl_s=self.options.lease_ttl_s, retention=self.retention)
         spec, created = join_run(self._store, self.backend, self.model, proposal, self.learner_id)
         log.info("%s %s the run (%d fragments)", self.learner_id, "created" if created else "joined", len(spec.fragments))
@@ -247,6 +265,9 @@ class Session:
             fragments.append(LearnerFragment.joined(fragment, names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
         self._resume(spec)
+        if self.group is not None:
+            self.group.share_model(self.model)  # every rank starts from the committed parameters
+            self.group.share_object(spec.manifest.run_id)
         self.stats.dropped_at_close = [0] * len(fragments)
         loops = NodeLoops(
             self._store,
@@ -279,11 +300,26 @@ class Session:
         ``overlap_steps`` asks. Raises ``DuplicateLearner`` once another process is seen writing
         this learner's lease (two processes with one id).
         """
+        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
+            raise InvalidConfig("samples", f"must be a non-negative integer, got {samples!r}")
+        if self._following:
+            self.stats.steps += 1
+            self.stats.samples += samples
+            assert self.group is not None
+            self.group.step(False, self.model)
+            if (
+                self._state is not None
+                and self._saved_run_id is not None
+                and self.total_steps % self.options.save_state_every == 0
+            ):
+                self._state.save(self._saved_run_id, self.total_steps, self._checkpointed)
+            return
         run = self._run
         if run is None or not run.open:
             raise RuntimeError("Session.step() outside the session: use it inside `with gm.Session(...)`")
-        if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
-            raise InvalidConfig("samples", f"must be a non-negative integer, got {samples!r}")
+        if self.group is not None:
+            samples *= self.group.world_size  # the group's batch: DDP's ranks train equal ones
+        aligned_before = self.stats.alignments
         now = time.perf_counter()
         if self._last_step_at is not None:
             elapsed = now - self._last_step_at
@@ -295,6 +331,8 @@ class Session:
         stats.samples += samples
         if self._attention or stats.steps >= run.next_due:
             self._exchange_between_steps(run)
+        if self.group is not None:
+            self.group.step(self.stats.alignments != aligned_before, self.model)
         if self._state is not None and self.total_steps % self.options.save_state_every == 0:
             self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
 
@@ -333,8 +371,10 @@ class Session:
         """Load this learner's saved state, if any, as the session opens."""
         if self._state is None:
             return
-        saved = self._state.load(spec.manifest.run_id)
-        if saved is None:
+        self._resume_state(self._state.load(spec.manifest.run_id))
+
+    def _resume_state(self, saved: dict[str, Any] | None) -> None:
+        if saved is None or self._state is None:
             return
         self._saved = saved
         self.steps_before = int(saved["total_steps"])
@@ -541,6 +581,12 @@ class Session:
         With ``wait=False`` (an exception left the ``with`` block) only the threads stop.
         A mailbox the session opened from a URL is closed.
         """
+        if self._following:
+            self._following = False
+            if wait:
+                assert self.group is not None
+                self.group.share_model(self.model)  # the newest commit, as rank 0 loads it
+            return
         run = self._run
         if run is None or not run.open:
             return
@@ -553,6 +599,8 @@ class Session:
                 self._load_newest(run)
                 if self._state is not None:
                     self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
+                if self.group is not None:
+                    self.group.share_model(self.model)
         finally:
             run.loops.stop(release=True)
             if self._owns_mailbox:

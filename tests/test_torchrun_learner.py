@@ -1,0 +1,84 @@
+"""A learner that is a torchrun group (``session/group.py``): two learners of two ranks each,
+DDP over gloo on CPU, started with ``torchrun`` as a user would. The run sees two learners (one
+lease, one contribution per group per round, each weighing the group's batch); the ranks of a
+group end with identical parameters; a group killed with SIGKILL and restarted rejoins."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gradientmail.mailbox import FileMailbox
+from gradientmail.store import RunStore
+from tests.run_procs import ROOT, check_history, rounds, wait_until
+
+BATCH, STEPS = 8, 80
+
+
+def torchrun(url: str, learner: str, out: Path, log: Path, steps: int = STEPS) -> subprocess.Popen[str]:
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "-m", "tests.ddp_proc", "--mailbox", url, "--learner-id", learner, "--out", str(out), "--steps", str(steps),
+        "--batch", str(BATCH),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+
+
+def results(out: Path) -> list[dict]:
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.slow
+def test_two_learners_of_two_ranks_each_are_two_learners_to_the_run(tmp_path):
+    url = f"file://{tmp_path / 'box'}"
+    box = FileMailbox(tmp_path / "box")
+    groups = {name: torchrun(url, name, tmp_path / name, tmp_path / f"{name}.log") for name in ("g0", "g1")}
+    for name, process in groups.items():
+        assert process.wait(timeout=300) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
+    assert RunStore(box).learners_with_leases() == ["g0", "g1"]  # one lease per group, none per rank
+    history = check_history(box, fragments=1)
+    committed = history[0][1:]
+    assert committed
+    for record in committed:
+        learners = [p.learner for p in record.participants]
+        assert len(learners) == len(set(learners)) and set(learners) <= {"g0", "g1"}
+        for participant in record.participants:
+            assert participant.samples == participant.steps * BATCH * 2  # the group's batch: 2 ranks
+    assert {p.learner for r in committed for p in r.participants} == {"g0", "g1"}
+    for name in groups:
+        ranks = results(tmp_path / name)
+        assert [r["leader"] for r in ranks] == [True, False] and all(r["world"] == 2 for r in ranks)
+        assert ranks[0]["params"] == ranks[1]["params"]  # the ranks of a group end identical
+        assert ranks[0]["steps"] == ranks[1]["steps"] == STEPS
+
+
+@pytest.mark.slow
+def test_a_group_killed_with_sigkill_and_restarted_rejoins_the_run(tmp_path):
+    url = f"file://{tmp_path / 'box'}"
+    box = FileMailbox(tmp_path / "box")
+    steady = torchrun(url, "g0", tmp_path / "g0", tmp_path / "g0.log", steps=300)
+    victim = torchrun(url, "g1", tmp_path / "g1", tmp_path / "g1.log", steps=300)
+    try:
+        wait_until(lambda: any(p.learner == "g1" for r in rounds(box, 0) for p in r.participants), 180, "g1 in a round")
+        os.killpg(victim.pid, signal.SIGKILL)  # torchrun and both ranks
+        victim.wait()
+        restarted = torchrun(url, "g1", tmp_path / "g1b", tmp_path / "g1b.log", steps=60)
+        assert restarted.wait(timeout=300) == 0, (tmp_path / "g1b.log").read_text()[-4000:]
+        assert steady.wait(timeout=300) == 0, (tmp_path / "g0.log").read_text()[-4000:]
+    finally:
+        for process in (steady, victim):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+    history = check_history(box, fragments=1)
+    ranks = results(tmp_path / "g1b")
+    assert ranks[0]["params"] == ranks[1]["params"]
+    assert int(ranks[0]["versions"]["0"]) >= 1 and len(history[0]) > 2
