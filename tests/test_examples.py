@@ -58,3 +58,23 @@ def test_torch_examples_take_device_defaulting_to_auto(example):
     source = (ROOT / "examples" / example).read_text()
     assert 'default=os.environ.get("GRADIENTMAIL_DEVICE", "auto")' in source
     assert "resolve_device(args.device)" in source and "torch.cuda.is_available()" not in source
+
+
+@pytest.mark.slow
+def test_torchrun_learner_trains_one_learner_of_two_ranks(tmp_path):
+    """examples/torchrun_learner.py as its docstring says, on CPU: torchrun, two gloo ranks, one
+    learner in the run."""
+    mailbox = (tmp_path / "mailbox").as_uri()
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        str(ROOT / "examples" / "torchrun_learner.py"), "--mailbox", mailbox, "--learner-id", "a",
+        "--steps", "4", "--batch", "2", "--sync-every", "2", "--fragments", "2", "--log-every", "2",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {"OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "a: step     4" in result.stdout
+    from gradientmail.mailbox import FileMailbox
+    from gradientmail.store import RunStore
+
+    assert RunStore(FileMailbox(tmp_path / "mailbox")).learners_with_leases() == ["a"]

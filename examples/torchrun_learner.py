@@ -1,0 +1,85 @@
+"""One learner that is a whole multi-GPU machine: torchrun's ranks train the demo GPT with DDP
+and the run sees them as one learner (gradientmail/session/group.py).
+
+    torchrun --standalone --nproc-per-node 8 examples/torchrun_learner.py --mailbox s3://my-training/runs/gpt --learner-id node-a
+    torchrun --standalone --nproc-per-node 8 examples/torchrun_learner.py --mailbox s3://my-training/runs/gpt --learner-id node-b
+
+On a CPU machine, two ranks on the gloo backend (the tests run this):
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 examples/torchrun_learner.py \
+        --mailbox file:///tmp/gpt --learner-id a
+
+Every rank builds the same session around the same DDP model; rank 0 joins the run, publishes
+and aligns, and the others follow it at every step (one small broadcast, and the parameters
+after an alignment). Each rank draws its own batches (seeded by learner id and rank); samples
+are per rank, and the session counts the group's (× the number of ranks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+import gradientmail as gm
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, where the demo's GPT lives
+from demo.data import BatchSampler, CorpusMissing, load_corpus
+from demo.model import GPT, GPTConfig, make_optimizer
+
+MODEL = GPTConfig(context=128, layers=4, width=128, heads=4)
+SYNC_EVERY, FRAGMENTS, BATCH, LR, STEPS, LOG_EVERY = 100, 8, 16, 1e-3, 1000, 25
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mailbox", default=os.environ.get("GRADIENTMAIL_MAILBOX"))
+    parser.add_argument("--learner-id", default=os.environ.get("GRADIENTMAIL_LEARNER_ID"))
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--sync-every", type=int, default=SYNC_EVERY)
+    parser.add_argument("--fragments", type=int, default=FRAGMENTS)
+    parser.add_argument("--log-every", type=int, default=LOG_EVERY)
+    args = parser.parse_args()
+    if not args.mailbox:
+        parser.error("give --mailbox or set GRADIENTMAIL_MAILBOX")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    try:
+        corpus = load_corpus()
+    except CorpusMissing as exc:
+        raise SystemExit(str(exc)) from None
+    model = GPT(MODEL).to(device)  # the same seeded weights on every rank
+    ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    optimizer = make_optimizer(model, LR)
+    algorithm = gm.DiLoCo(sync_every=args.sync_every, fragments=args.fragments)
+    with gm.Session(ddp, algorithm=algorithm, mailbox=args.mailbox, learner_id=args.learner_id) as session:
+        seed = zlib.crc32(f"{session.learner_id}/{rank}".encode())  # every rank its own windows
+        batches = BatchSampler(corpus.train, args.batch, MODEL.context, seed=seed)
+        for step in range(1, args.steps + 1):
+            inputs, targets = (torch.from_numpy(a).to(device) for a in batches.next())
+            logits = ddp(inputs)  # through the DDP wrapper: its backward averages the gradients
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            session.step(samples=batches.tokens_per_batch)
+            if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+                print(
+                    f"{session.learner_id}: step {step:5d}  loss {loss.item():.3f}  versions {dict(session.versions)}", flush=True
+                )
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
