@@ -16,9 +16,9 @@ group is **one** learner of the run:
   ``samples × world size`` (DDP's ranks train equal batches), so the group weighs as one
   learner with the global batch.
 
-Cost per step: one broadcast of one integer from rank 0 (a few µs over NVLink, ~0.1 ms over
-gloo on loopback), plus, per alignment (one fragment's commit, about every ``H / fragments``
-steps), one broadcast of the model. Every rank must call ``step()`` the same number of times and
+Cost per step: one broadcast of one integer from rank 0, plus, per alignment (one fragment's
+commit, about every ``H / fragments`` steps), one broadcast of the model (not yet measured
+against bare DDP: docs/session.md). Every rank must call ``step()`` the same number of times and
 leave the ``with`` block together, as for any collective. FSDP (sharded parameters) is not
 supported yet: the leader would need every shard (``full_tensor``) to publish.
 """
