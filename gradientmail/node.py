@@ -24,6 +24,11 @@ endpoint answers ``GET /metrics`` with 200 within a few seconds. It is served by
 the node process, so a dead or wedged process fails it; it needs ``GRADIENTMAIL_METRICS_PORT``
 (the images set 9464). Kubernetes probes the same endpoint with ``httpGet``.
 
+Under ``torchrun`` (the chart's ``learners.torchrun`` for pods of several GPUs) every rank runs
+``gradientmail node``: it initialises torch.distributed (NCCL on the rank's GPU, else gloo)
+before the job, whose ``gm.Session`` around a DDP model then makes the ranks one learner
+(``gradientmail/session/group.py``); only rank 0 serves the metrics endpoint.
+
 SIGTERM (``docker stop``, a pod's termination) raises ``SystemExit(143)`` in the training
 loop, so ``with gm.Session(...)`` closes without waiting and releases the learner's lease
 instead of leaving it to expire.
@@ -63,6 +68,7 @@ from types import FrameType
 
 from gradientmail.errors import GradientMailError, InvalidConfig, RunConfigMismatch
 from gradientmail.records import default_learner_id
+from gradientmail.session.group import init_launched_group
 from gradientmail.settings import NodeSettings
 
 __all__ = [
@@ -142,6 +148,8 @@ def run_node(settings: NodeSettings) -> int:
     """
     if settings.script and settings.entrypoint:
         raise InvalidConfig("script", "set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT, not both")
+    if settings.role != "syncer":
+        init_launched_group()  # under torchrun: the script's DDP finds its process group ready
     telemetry = settings.telemetry()
     if telemetry is not None and telemetry.prometheus_address is not None:
         log.info("metrics on http://%s:%d/metrics", *telemetry.prometheus_address)

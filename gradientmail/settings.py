@@ -35,6 +35,7 @@ from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session import Session, SessionOptions, SyncerNode
+from gradientmail.session.group import launched_rank
 from gradientmail.store import Retention
 from gradientmail.telemetry import Telemetry, active, otlp_requested
 from gradientmail.telemetry import configure as configure_telemetry
@@ -289,6 +290,8 @@ class NodeSettings(BaseSettings):
         OTLP when ``OTEL_EXPORTER_OTLP_*`` ask for it. None (and nothing started) when neither."""
         if self.metrics_port is None and not (otlp_requested("metrics") or otlp_requested("traces")):
             return None
+        if (launched_rank() or 0) > 0:
+            return None  # under torchrun only rank 0 serves the node's endpoint (the pod's probes ask it)
         return configure_telemetry(
             node=self.learner_id or default_learner_id(),
             version=__version__,

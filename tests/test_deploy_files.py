@@ -399,6 +399,7 @@ VALUE_SETS = {
     "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
     "job": yaml.safe_load((CHART / "ci/job-values.yaml").read_text()),
     "dedicated-syncer": yaml.safe_load((CHART / "ci/syncer-values.yaml").read_text()),
+    "multi-gpu": yaml.safe_load((CHART / "ci/multi-gpu-values.yaml").read_text()),
 }
 CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script", "run_key", "run_key_file"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -542,6 +543,30 @@ def test_the_dedicated_syncer_is_a_cpu_deployment_the_policies_and_the_metrics_s
     for selector in (policy["spec"]["podSelector"]["matchLabels"], service["spec"]["selector"]):
         assert selector.items() <= labels.items() and selector.items() <= learner_labels.items()
     assert _learner_container(documents)["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_a_pod_of_several_gpus_runs_torchrun_one_rank_per_gpu():
+    container = _learner_container(_documents(_render(VALUE_SETS["multi-gpu"])))
+    assert container["command"] == ["torchrun"]
+    assert container["args"] == ["--standalone", "--nproc-per-node", "8", "--no-python", "gradientmail", "node"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"learners": {"torchrun": False}}, "gpu.count: 8 gives each learner 8 GPUs, but its job trains on one"),
+        ({"gpu": {"count": 1}}, "it needs gpu.count of 2 or more"),
+        ({"script": {"content": ""}}, "the default job trains on one device"),
+    ],
+    ids=["several-gpus-one-device-job", "torchrun-one-gpu", "torchrun-default-job"],
+)
+def test_a_multi_gpu_pod_with_a_single_device_job_is_refused(change, message):
+    values = yaml.safe_load((CHART / "ci/multi-gpu-values.yaml").read_text())
+    for section, fields in change.items():
+        values[section] = {**values[section], **fields}
+    with pytest.raises(helm_python.HelmError, match=message):
+        _render(values)
 
 
 def test_a_dedicated_syncer_beside_learner_only_nodes_is_refused():

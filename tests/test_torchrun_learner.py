@@ -82,3 +82,58 @@ def test_a_group_killed_with_sigkill_and_restarted_rejoins_the_run(tmp_path):
     ranks = results(tmp_path / "g1b")
     assert ranks[0]["params"] == ranks[1]["params"]
     assert int(ranks[0]["versions"]["0"]) >= 1 and len(history[0]) > 2
+
+
+SCRIPT = """
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+import gradientmail as gm
+
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(6, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+with gm.session_from_env(model) as session:
+    for _ in range(gm.NodeSettings.from_env().steps):
+        x = torch.randn(4, 6)
+        loss = (model(x) - x[:, :3]).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        session.step(samples=4)
+"""
+
+
+@pytest.mark.slow
+def test_gradientmail_node_under_torchrun_is_one_learner_with_one_metrics_endpoint(tmp_path):
+    """What the chart's learners.torchrun pods run: `torchrun --no-python gradientmail node` with a
+    DDP script. `gradientmail node` initialises the process group on every rank, only rank 0
+    serves the metrics port (both ranks would fight over it), and the run sees one learner."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {
+        "GRADIENTMAIL_MAILBOX": f"file://{tmp_path / 'box'}",
+        "GRADIENTMAIL_LEARNER_ID": "pod-0",
+        "GRADIENTMAIL_SCRIPT": str(script),
+        "GRADIENTMAIL_STEPS": "30",
+        "GRADIENTMAIL_SYNC_EVERY": "10",
+        "GRADIENTMAIL_FRAGMENTS": "1",
+        "GRADIENTMAIL_METRICS_PORT": "0",
+        "GRADIENTMAIL_METRICS_ADDRESS": "127.0.0.1",
+        "OMP_NUM_THREADS": "1",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--no-python",
+        "gradientmail",
+        "node",
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert RunStore(FileMailbox(tmp_path / "box")).learners_with_leases() == ["pod-0"]
+    assert (done.stdout + done.stderr).count("metrics on http://") == 1

@@ -26,11 +26,12 @@ supported yet: the leader would need every shard (``full_tensor``) to publish.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 from gradientmail.errors import InvalidConfig
 
-__all__ = ["GroupLink", "detect_group", "unwrap_model"]
+__all__ = ["GroupLink", "detect_group", "init_launched_group", "launched_rank", "unwrap_model"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,34 @@ def _distributed() -> Any:
     except ImportError:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def launched_rank() -> int | None:
+    """This process's rank when a launcher (``torchrun``) started several (``WORLD_SIZE`` > 1),
+    else None: only rank 0 serves the node's metrics endpoint."""
+    try:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        return int(os.environ["RANK"]) if world > 1 else None
+    except (KeyError, ValueError):
+        return None
+
+
+def init_launched_group() -> bool:
+    """Under ``torchrun`` (``gradientmail node`` in a pod of several GPUs), initialise
+    torch.distributed for the training script: NCCL on the rank's GPU (``LOCAL_RANK``) when
+    CUDA is there, else gloo. False (nothing done) outside a launcher or when already done."""
+    if launched_rank() is None:
+        return False
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    log.info("rank %d of %d of this learner", dist.get_rank(), dist.get_world_size())
+    return True
 
 
 def unwrap_model(model: Any) -> Any:

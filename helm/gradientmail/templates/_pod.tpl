@@ -17,6 +17,16 @@ The learner pod, shared by the StatefulSet (learners.mode: statefulset) and the 
 {{- if and .Values.script.configMap .Values.script.content }}
 {{- fail "script: set script.configMap (your ConfigMap) or script.content (the chart makes one), not both" }}
 {{- end }}
+{{- $gpus := int .Values.gpu.count -}}
+{{- if and (gt $gpus 1) (not .Values.learners.torchrun) }}
+{{- fail (printf "gpu.count: %d gives each learner %d GPUs, but its job trains on one: set learners.torchrun: true with a script that wraps its model in DDP (examples/torchrun_learner.py), or gpu.count: 1" $gpus $gpus) }}
+{{- end }}
+{{- if and .Values.learners.torchrun (lt $gpus 2) }}
+{{- fail "learners.torchrun runs one rank per GPU: it needs gpu.count of 2 or more" }}
+{{- end }}
+{{- if and .Values.learners.torchrun (not (or .Values.script.configMap .Values.script.content)) (not .Values.settings.entrypoint) }}
+{{- fail "learners.torchrun needs a training script whose model is wrapped in DDP (script.content, script.configMap or settings.entrypoint): the default job trains on one device" }}
+{{- end }}
 metadata:
   labels:
     {{- include "gradientmail.labels" . | nindent 4 }}
@@ -71,7 +81,13 @@ spec:
     - name: learner
       image: {{ include "gradientmail.image" . }}
       imagePullPolicy: {{ .Values.image.pullPolicy }}
+      {{- if .Values.learners.torchrun }}
+      # one rank per GPU; every rank runs `gradientmail node`, rank 0 is the run's learner
+      command: ["torchrun"]
+      args: ["--standalone", "--nproc-per-node", "{{ $gpus }}", "--no-python", "gradientmail", "node"]
+      {{- else }}
       args: ["node"]
+      {{- end }}
       ports:
         - name: metrics
           containerPort: {{ .Values.metrics.port }}
