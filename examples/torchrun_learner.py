@@ -9,7 +9,9 @@ On a CPU machine, two ranks on the gloo backend (the tests run this):
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 2 examples/torchrun_learner.py \
         --mailbox file:///tmp/gpt --learner-id a
 
-Every rank builds the same session around the same DDP model; rank 0 joins the run, publishes
+Under `gradientmail node` (compose's `--profile gpu-pair`, the chart's `learners.torchrun`) the run's
+settings come from the GRADIENTMAIL_* variables, as for any node script. Every rank builds the
+same session around the same DDP model; rank 0 joins the run, publishes
 and aligns, and the others follow it at every step (one small broadcast, and the parameters
 after an alignment). Each rank draws its own batches (seeded by learner id and rank); samples
 are per rank, and the session counts the group's (× the number of ranks).
@@ -34,23 +36,28 @@ from demo.data import BatchSampler, CorpusMissing, load_corpus
 from demo.model import GPT, GPTConfig, make_optimizer
 
 MODEL = GPTConfig(context=128, layers=4, width=128, heads=4)
-SYNC_EVERY, FRAGMENTS, BATCH, LR, STEPS, LOG_EVERY = 100, 8, 16, 1e-3, 1000, 25
+BATCH, LR, STEPS, LOG_EVERY = 16, 1e-3, 1000, 25
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mailbox", default=os.environ.get("GRADIENTMAIL_MAILBOX"))
-    parser.add_argument("--learner-id", default=os.environ.get("GRADIENTMAIL_LEARNER_ID"))
-    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--mailbox", help="default: $GRADIENTMAIL_MAILBOX")
+    parser.add_argument("--learner-id", help="default: $GRADIENTMAIL_LEARNER_ID, else the host name")
+    parser.add_argument("--steps", type=int, default=None, help=f"default: $GRADIENTMAIL_STEPS, else {STEPS}")
     parser.add_argument("--batch", type=int, default=BATCH)
-    parser.add_argument("--sync-every", type=int, default=SYNC_EVERY)
-    parser.add_argument("--fragments", type=int, default=FRAGMENTS)
+    parser.add_argument("--sync-every", type=int, default=None, help="default: $GRADIENTMAIL_SYNC_EVERY, else the library's")
+    parser.add_argument("--fragments", type=int, default=None, help="default: $GRADIENTMAIL_FRAGMENTS, else the library's")
     parser.add_argument("--log-every", type=int, default=LOG_EVERY)
     args = parser.parse_args()
-    if not args.mailbox:
+    if not (args.mailbox or os.environ.get("GRADIENTMAIL_MAILBOX")):
         parser.error("give --mailbox or set GRADIENTMAIL_MAILBOX")
+    # the run's settings: the command line's, else GRADIENTMAIL_* (as under `gradientmail node`)
+    given = {"mailbox": args.mailbox, "learner_id": args.learner_id, "sync_every": args.sync_every, "fragments": args.fragments}
+    overrides = {name: value for name, value in given.items() if value is not None}
+    steps = args.steps or gm.NodeSettings.from_env(**overrides).steps or STEPS
     cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
+    if not dist.is_initialized():  # `gradientmail node` under torchrun initialised it already
+        dist.init_process_group("nccl" if cuda else "gloo")
     rank = dist.get_rank()
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
     if cuda:
@@ -62,11 +69,10 @@ def main() -> None:
     model = GPT(MODEL).to(device)  # the same seeded weights on every rank
     ddp = DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = make_optimizer(model, LR)
-    algorithm = gm.DiLoCo(sync_every=args.sync_every, fragments=args.fragments)
-    with gm.Session(ddp, algorithm=algorithm, mailbox=args.mailbox, learner_id=args.learner_id) as session:
+    with gm.session_from_env(ddp, **overrides) as session:
         seed = zlib.crc32(f"{session.learner_id}/{rank}".encode())  # every rank its own windows
         batches = BatchSampler(corpus.train, args.batch, MODEL.context, seed=seed)
-        for step in range(1, args.steps + 1):
+        for step in range(1, steps + 1):
             inputs, targets = (torch.from_numpy(a).to(device) for a in batches.next())
             logits = ddp(inputs)  # through the DDP wrapper: its backward averages the gradients
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
@@ -74,7 +80,7 @@ def main() -> None:
             loss.backward()
             optimizer.step()
             session.step(samples=batches.tokens_per_batch)
-            if rank == 0 and (step % args.log_every == 0 or step == args.steps):
+            if rank == 0 and (step % args.log_every == 0 or step == steps):
                 print(
                     f"{session.learner_id}: step {step:5d}  loss {loss.item():.3f}  versions {dict(session.versions)}", flush=True
                 )

@@ -51,13 +51,14 @@ def load_compose() -> dict[str, Any]:
 
 def learner_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Services that run a learner node: a learner image (built from one of docker/*.Dockerfile)
-    with its own command, ``node`` (not a one-shot job of that image such as ``keygen``)."""
+    with its own command, ``node`` (not a one-shot job of that image such as ``keygen``), its
+    entrypoint the image's or torchrun's around it (``… --no-python gradientmail``)."""
     return {
         name: service
         for name, service in compose["services"].items()
         if str(service.get("build", {}).get("dockerfile", "")).startswith("docker/")
         and service.get("command", ["node"]) == ["node"]
-        and "entrypoint" not in service
+        and ("entrypoint" not in service or service["entrypoint"][-2:] == ["--no-python", "gradientmail"])
     }
 
 

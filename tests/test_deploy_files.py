@@ -191,6 +191,12 @@ def test_learners_get_only_known_settings_with_stable_ids():
     gpu = learners["gpu-learner-1"]
     assert gpu["build"]["dockerfile"] == "docker/cuda.Dockerfile" and gpu["profiles"] == ["gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+    pair = learners["gpu-pair-learner"]  # one learner of two GPUs: torchrun, a rank per GPU
+    assert pair["entrypoint"][:1] == ["torchrun"] and pair["entrypoint"][-2:] == ["--no-python", "gradientmail"]
+    nproc = int(pair["entrypoint"][pair["entrypoint"].index("--nproc-per-node") + 1])
+    assert len(pair["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]) == nproc == 2
+    script = learner_environment(pair)["GRADIENTMAIL_SCRIPT"]
+    assert script == "/opt/gradientmail-jobs/examples/torchrun_learner.py" and (ROOT / "examples/torchrun_learner.py").is_file()
 
 
 def test_run_env_holds_only_settings():
