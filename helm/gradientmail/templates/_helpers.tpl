@@ -112,3 +112,39 @@ app.kubernetes.io/component: mailbox
 {{- define "gradientmail.runKeySecretKey" -}}
 {{- ternary .Values.runKey.existingSecretKey "run-key" (ne .Values.runKey.existingSecret "") -}}
 {{- end -}}
+
+{{/* The store's credentials and the run key, as env entries of a node container (learners and
+the dedicated syncer): from Secrets only, never as values. */}}
+{{- define "gradientmail.secretEnv" -}}
+{{- if or .Values.minio.enabled .Values.mailbox.existingSecret }}
+# with the in-chart MinIO: the scoped user's keys (minio.yaml), never MinIO's root keys
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.minio.enabled }}
+      name: {{ include "gradientmail.minioLearnerSecret" . }}
+      key: AWS_ACCESS_KEY_ID
+      {{- else }}
+      name: {{ .Values.mailbox.existingSecret }}
+      key: {{ .Values.mailbox.accessKeyIdKey }}
+      {{- end }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      {{- if .Values.minio.enabled }}
+      name: {{ include "gradientmail.minioLearnerSecret" . }}
+      key: AWS_SECRET_ACCESS_KEY
+      {{- else }}
+      name: {{ .Values.mailbox.existingSecret }}
+      key: {{ .Values.mailbox.secretAccessKeyKey }}
+      {{- end }}
+{{- end }}
+{{- if .Values.runKey.enabled }}
+# the run key: every record is signed with it (docs/deploy.md#run-key)
+- name: GRADIENTMAIL_RUN_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gradientmail.runKeySecret" . }}
+      key: {{ include "gradientmail.runKeySecretKey" . }}
+{{- end }}
+{{- end -}}

@@ -122,37 +122,7 @@ spec:
           value: {{ $value | toString | quote }}
         {{- end }}
         {{- end }}
-        {{- if or .Values.minio.enabled .Values.mailbox.existingSecret }}
-        # with the in-chart MinIO: the scoped user's keys (minio.yaml), never MinIO's root keys
-        - name: AWS_ACCESS_KEY_ID
-          valueFrom:
-            secretKeyRef:
-              {{- if .Values.minio.enabled }}
-              name: {{ include "gradientmail.minioLearnerSecret" . }}
-              key: AWS_ACCESS_KEY_ID
-              {{- else }}
-              name: {{ .Values.mailbox.existingSecret }}
-              key: {{ .Values.mailbox.accessKeyIdKey }}
-              {{- end }}
-        - name: AWS_SECRET_ACCESS_KEY
-          valueFrom:
-            secretKeyRef:
-              {{- if .Values.minio.enabled }}
-              name: {{ include "gradientmail.minioLearnerSecret" . }}
-              key: AWS_SECRET_ACCESS_KEY
-              {{- else }}
-              name: {{ .Values.mailbox.existingSecret }}
-              key: {{ .Values.mailbox.secretAccessKeyKey }}
-              {{- end }}
-        {{- end }}
-        {{- if .Values.runKey.enabled }}
-        # the run key: every record is signed with it (docs/deploy.md#run-key)
-        - name: GRADIENTMAIL_RUN_KEY
-          valueFrom:
-            secretKeyRef:
-              name: {{ include "gradientmail.runKeySecret" . }}
-              key: {{ include "gradientmail.runKeySecretKey" . }}
-        {{- end }}
+        {{- include "gradientmail.secretEnv" . | nindent 8 }}
         # the root filesystem is read-only: caches and temporary files go to the emptyDir
         - name: HOME
           value: /tmp
