@@ -20,6 +20,7 @@ are per rank, and the session counts the group's (× the number of ranks).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import zlib
@@ -32,11 +33,11 @@ from torch.nn.parallel import DistributedDataParallel
 import gradientmail as gm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root, where the demo's GPT lives
-from demo.data import BatchSampler, CorpusMissing, load_corpus
-from demo.model import GPT, GPTConfig, make_optimizer
+from demo.data import BatchSampler, CorpusMissing, load_corpus, validation_windows
+from demo.model import GPT, GPTConfig, evaluate, make_optimizer
 
 MODEL = GPTConfig(context=128, layers=4, width=128, heads=4)
-BATCH, LR, STEPS, LOG_EVERY = 16, 1e-3, 1000, 25
+BATCH, LR, STEPS, LOG_EVERY, HELD_OUT_WINDOWS = 16, 1e-3, 1000, 25, 128
 
 
 def main() -> None:
@@ -78,12 +79,18 @@ def main() -> None:
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as examples/torch_learner.py does
             optimizer.step()
             session.step(samples=batches.tokens_per_batch)
             if rank == 0 and (step % args.log_every == 0 or step == steps):
                 print(
                     f"{session.learner_id}: step {step:5d}  loss {loss.item():.3f}  versions {dict(session.versions)}", flush=True
                 )
+        name = session.learner_id
+    if rank == 0:  # closing set every rank to the newest commit: evaluate it once
+        held_out_loss = evaluate(model, validation_windows(corpus.validation, HELD_OUT_WINDOWS, MODEL.context))
+        print(f"{name}: committed model, held-out loss {held_out_loss:.3f} ({held_out_loss / math.log(2):.2f} bits/byte)")
+    dist.barrier()  # every rank done (rank 0 evaluated) before the group goes
     dist.destroy_process_group()
 
 

@@ -68,7 +68,7 @@ from types import FrameType
 
 from gradientmail.errors import GradientMailError, InvalidConfig, RunConfigMismatch
 from gradientmail.records import default_learner_id
-from gradientmail.session.group import init_launched_group
+from gradientmail.session.group import finish_launched_group, init_launched_group
 from gradientmail.settings import NodeSettings
 
 __all__ = [
@@ -148,8 +148,7 @@ def run_node(settings: NodeSettings) -> int:
     """
     if settings.script and settings.entrypoint:
         raise InvalidConfig("script", "set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT, not both")
-    if settings.role != "syncer":
-        init_launched_group()  # under torchrun: the script's DDP finds its process group ready
+    launched = settings.role != "syncer" and init_launched_group()  # under torchrun: DDP finds its group ready
     telemetry = settings.telemetry()
     if telemetry is not None and telemetry.prometheus_address is not None:
         log.info("metrics on http://%s:%d/metrics", *telemetry.prometheus_address)
@@ -169,6 +168,8 @@ def run_node(settings: NodeSettings) -> int:
     finally:
         if telemetry is not None:
             telemetry.shutdown()
+        if launched:
+            finish_launched_group()
 
 
 def _run_job(settings: NodeSettings) -> int:

@@ -62,6 +62,7 @@ def main() -> None:
     }
     with open(f"{args.out}.rank{rank}.json", "w") as out:
         json.dump(result, out)
+    dist.barrier()  # every rank done (rank 0 evaluated) before the group goes
     dist.destroy_process_group()
 
 

@@ -88,3 +88,18 @@ def check_history(mailbox: Mailbox, fragments: int) -> list[list[RoundRecord]]:
 
 def unique_prefix() -> str:
     return f"runs/{uuid.uuid4().hex[:12]}"
+
+
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+"""What a gloo rank prints when it aborts (SIGABRT) as a two-rank run ends: seen in about one in
+ten two-rank runs under the loaded test suite, never alone; not yet explained (see the closing
+note of the torchrun work). A launch that fails with it is tried once more; any other failure,
+or the same one twice, fails the test."""
+
+
+def run_torchrun(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` of a torchrun launch, tried a second time only after a gloo exit abort."""
+    done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    if done.returncode != 0 and GLOO_EXIT_ABORT in done.stdout + done.stderr:
+        done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    return done

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.run_procs import run_torchrun
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -71,7 +73,7 @@ def test_torchrun_learner_trains_one_learner_of_two_ranks(tmp_path):
         "--steps", "4", "--batch", "2", "--sync-every", "2", "--fragments", "2", "--log-every", "2",
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {"OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    result = run_torchrun(command, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "a: step     4" in result.stdout
     from gradientmail.mailbox import FileMailbox

@@ -16,7 +16,7 @@ import pytest
 
 from gradientmail.mailbox import FileMailbox
 from gradientmail.store import RunStore
-from tests.run_procs import ROOT, check_history, rounds, wait_until
+from tests.run_procs import ROOT, check_history, rounds, run_torchrun, wait_until
 
 BATCH, STEPS = 8, 80
 
@@ -133,7 +133,19 @@ def test_gradientmail_node_under_torchrun_is_one_learner_with_one_metrics_endpoi
         "gradientmail",
         "node",
     ]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    done = run_torchrun(command, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert RunStore(FileMailbox(tmp_path / "box")).learners_with_leases() == ["pod-0"]
     assert (done.stdout + done.stderr).count("metrics on http://") == 1
+
+
+@pytest.mark.slow
+def test_the_torchrun_quality_benchmark_runs_both_arms():
+    """`python -m benchmarks.torchrun_quality` at a smoke size: both arms train and report a
+    held-out loss (the comparison itself is the benchmark's, docs/benchmarks.md)."""
+    done = run_torchrun(
+        [sys.executable, "-m", "benchmarks.torchrun_quality", "--steps", "8", "--sync-every", "4", "--repeats", "1"],
+        cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "single held-out loss" in done.stdout and "groups held-out loss" in done.stdout

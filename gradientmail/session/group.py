@@ -31,7 +31,7 @@ from typing import Any
 
 from gradientmail.errors import InvalidConfig
 
-__all__ = ["GroupLink", "detect_group", "init_launched_group", "launched_rank", "unwrap_model"]
+__all__ = ["GroupLink", "detect_group", "finish_launched_group", "init_launched_group", "launched_rank", "unwrap_model"]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,15 @@ def init_launched_group() -> bool:
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     log.info("rank %d of %d of this learner", dist.get_rank(), dist.get_world_size())
     return True
+
+
+def finish_launched_group() -> None:
+    """End the process group ``init_launched_group`` started, every rank together: a barrier,
+    then its destruction (a rank that exits while another still talks to it aborts the job)."""
+    dist = _distributed()
+    if dist is not None:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def unwrap_model(model: Any) -> Any:

@@ -1,0 +1,106 @@
+"""Learners of two ranks against single-process learners of twice the batch, same run otherwise.
+
+    python -m benchmarks.torchrun_quality                 # 2 learners, 200 steps, 2 repeats
+    python -m benchmarks.torchrun_quality --steps 60 --repeats 1
+
+Both arms train the demo GPT on Shakespeare with the same global batch per learner and the same
+Decoupled DiLoCo settings, on a directory mailbox:
+
+* groups: two learners, each ``torchrun --nproc-per-node 2 examples/torchrun_learner.py`` (DDP
+  over gloo, ``--batch B`` per rank);
+* single: two learners, each ``examples/torch_learner.py --batch 2B`` (the reference).
+
+Each arm's score is the held-out loss of the committed model its first learner evaluates after
+closing. Repeats draw other learner ids (other data streams); the larger of the two arms'
+spreads over repeats is the run-to-run noise the difference is judged against (issue: within it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HELD_OUT = re.compile(r"committed model, held-out loss ([0-9.]+)")
+
+
+def _run(commands: list[list[str]], timeout: float) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {"OMP_NUM_THREADS": "1"}
+    processes = [
+        subprocess.Popen(c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for c in commands
+    ]
+    outputs = []
+    for process in processes:
+        out, _ = process.communicate(timeout=timeout)
+        if process.returncode != 0:
+            raise SystemExit(f"a learner failed ({process.returncode}):\n{out[-3000:]}")
+        outputs.append(out)
+    return outputs
+
+
+def arm(kind: str, repeat: int, args: argparse.Namespace, workdir: Path) -> tuple[float, float]:
+    """One arm of one repeat: (held-out loss of the committed model, wall seconds)."""
+    mailbox = (workdir / f"{kind}-{repeat}").as_uri()
+    common = ["--mailbox", mailbox, "--steps", str(args.steps), "--sync-every", str(args.sync_every), "--fragments", "2"]
+    common += ["--log-every", str(args.steps)]
+    commands = []
+    for learner in range(args.learners):
+        name = ["--learner-id", f"r{repeat}-l{learner}"]
+        if kind == "groups":
+            launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+            commands.append([*launcher, "examples/torchrun_learner.py", *name, *common, "--batch", str(args.batch)])
+        else:
+            commands.append([sys.executable, "examples/torch_learner.py", *name, *common, "--batch", str(2 * args.batch)])
+    started = time.perf_counter()
+    outputs = _run(commands, timeout=args.timeout)
+    losses = [float(m[1]) for out in outputs if (m := HELD_OUT.search(out))]
+    if not losses:
+        raise SystemExit(f"{kind}: no held-out loss printed:\n{outputs[0][-2000:]}")
+    return losses[0], time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=8, help="per rank; the reference learners take twice this")
+    parser.add_argument("--sync-every", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1800)
+    args = parser.parse_args(argv)
+    print(
+        f"torchrun quality: {args.learners} learners, {args.steps} steps, batch {args.batch} x 2 ranks against "
+        f"{2 * args.batch} x 1, H = {args.sync_every}, 2 fragments, {args.repeats} repeats, {os.cpu_count()} cores",
+        flush=True,
+    )
+    results: dict[str, list[float]] = {"groups": [], "single": []}
+    with tempfile.TemporaryDirectory(prefix="gm-torchrun-quality-") as tmp:
+        for repeat in range(args.repeats):
+            for kind in ("single", "groups"):
+                loss, wall = arm(kind, repeat, args, Path(tmp))
+                results[kind].append(loss)
+                print(f"  repeat {repeat}: {kind:6s} held-out loss {loss:.4f} ({wall:.0f} s)", flush=True)
+    groups, single = statistics.mean(results["groups"]), statistics.mean(results["single"])
+    spreads = {kind: max(losses) - min(losses) for kind, losses in results.items() if len(losses) > 1}
+    print(
+        f"\ngroups {groups:.4f} / single {single:.4f} = {groups / single:.4f}x; difference {groups - single:+.4f}; "
+        f"spread over repeats: single {spreads.get('single', float('nan')):.4f}, groups {spreads.get('groups', float('nan')):.4f}"
+    )
+    if spreads:  # run-to-run noise: the larger of the two arms' spreads (each is one number of few repeats)
+        noise = max(spreads.values())
+        verdict = "met" if abs(groups - single) <= noise else "not met"
+        print(f"target (the difference within run-to-run noise, {noise:.4f}): {verdict}")
+    else:
+        print("target (within run-to-run noise): n/a (one repeat)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
