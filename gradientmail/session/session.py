@@ -214,8 +214,8 @@ class Session:
         self.group = detect_group(group, self.backend.name)
         """This rank's link to the other ranks of its learner under torchrun (``session/group.py``); None alone."""
         self._following = False
-        self._saved_run_id: str | None = None
-        """A follower rank's run id (from rank 0), for its own state file."""
+        self._run_id: str | None = None
+        """The run's id once open (a follower rank's from rank 0): what its state file belongs to."""
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
         self.retention = retention or Retention()
@@ -249,11 +249,9 @@ class Session:
         follower rank of a group only receives the parameters from rank 0."""
         if self.group is not None and not self.group.is_leader:
             self.group.share_model(self.model)
-            run_id = self.group.share_object(None)  # the leader's run: to resume this rank's own state
-            self._saved_run_id = run_id
+            self._run_id = self.group.share_object(None)  # the leader's run: to resume this rank's own state
             self._following = True
-            if self._state is not None:
-                self._resume_state(self._state.load(run_id))
+            self._resume()
             return
         proposal = RunProposal(self.algorithm, lease_ttl_s=self.options.lease_ttl_s, retention=self.retention)
         spec, created = join_run(self._store, self.backend, self.model, proposal, self.learner_id)
@@ -264,7 +262,8 @@ class Session:
             self.backend.write_parameters(self.model, self._tensors(committed))
             fragments.append(LearnerFragment.joined(fragment, names, committed, record.version))
         self.stats.versions = [f.anchor_version for f in fragments]
-        self._resume(spec)
+        self._run_id = spec.manifest.run_id
+        self._resume()
         if self.group is not None:
             self.group.share_model(self.model)  # every rank starts from the committed parameters
             self.group.share_object(spec.manifest.run_id)
@@ -307,12 +306,7 @@ class Session:
             self.stats.samples += samples
             assert self.group is not None
             self.group.step(False, self.model)
-            if (
-                self._state is not None
-                and self._saved_run_id is not None
-                and self.total_steps % self.options.save_state_every == 0
-            ):
-                self._state.save(self._saved_run_id, self.total_steps, self._checkpointed)
+            self._save_state_if_due()
             return
         run = self._run
         if run is None or not run.open:
@@ -333,8 +327,15 @@ class Session:
             self._exchange_between_steps(run)
         if self.group is not None:
             self.group.step(self.stats.alignments != aligned_before, self.model)
+        self._save_state_if_due()
+
+    def _save_state_if_due(self) -> None:
         if self._state is not None and self.total_steps % self.options.save_state_every == 0:
-            self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
+            self._save_state()
+
+    def _save_state(self) -> None:
+        if self._state is not None and self._run_id is not None:
+            self._state.save(self._run_id, self.total_steps, self._checkpointed)
 
     @property
     def total_steps(self) -> int:
@@ -367,14 +368,12 @@ class Session:
         if self._saved is not None:
             LearnerState.restore(self._saved, found, first)
 
-    def _resume(self, spec: RunSpec) -> None:
-        """Load this learner's saved state, if any, as the session opens."""
-        if self._state is None:
+    def _resume(self) -> None:
+        """Load this learner's saved state of this run, if any, as the session opens."""
+        if self._state is None or self._run_id is None:
             return
-        self._resume_state(self._state.load(spec.manifest.run_id))
-
-    def _resume_state(self, saved: dict[str, Any] | None) -> None:
-        if saved is None or self._state is None:
+        saved = self._state.load(self._run_id)
+        if saved is None:
             return
         self._saved = saved
         self.steps_before = int(saved["total_steps"])
@@ -597,8 +596,7 @@ class Session:
                 self._finish_rounds(run)
                 self._wait_for_open_rounds(run)
                 self._load_newest(run)
-                if self._state is not None:
-                    self._state.save(run.spec.manifest.run_id, self.total_steps, self._checkpointed)
+                self._save_state()
                 if self.group is not None:
                     self.group.share_model(self.model)
         finally:
