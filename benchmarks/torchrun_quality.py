@@ -1,18 +1,19 @@
 """Learners of two ranks against single-process learners of twice the batch, same run otherwise.
 
     python -m benchmarks.torchrun_quality                 # 2 learners, 200 steps, 2 repeats
-    python -m benchmarks.torchrun_quality --steps 60 --repeats 1
+    python -m benchmarks.torchrun_quality --steps 60 --repeats 1 --arms single,fsdp
 
 Both arms train the demo GPT on Shakespeare with the same global batch per learner and the same
 Decoupled DiLoCo settings, on a directory mailbox:
 
 * groups: two learners, each ``torchrun --nproc-per-node 2 examples/torchrun_learner.py`` (DDP
   over gloo, ``--batch B`` per rank);
+* fsdp: the same with ``--fsdp`` (parameters and optimizer state sharded by FSDP2);
 * single: two learners, each ``examples/torch_learner.py --batch 2B`` (the reference).
 
 Each arm's score is the held-out loss of the committed model its first learner evaluates after
 closing. Repeats draw other learner ids (other data streams); the larger of the two arms'
-spreads over repeats is the run-to-run noise the difference is judged against (issue: within it).
+spreads over repeats is the run-to-run noise each difference is judged against (issue: within it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+ARMS = ("single", "groups", "fsdp")
 HELD_OUT = re.compile(r"committed model, held-out loss ([0-9.]+)")
 
 
@@ -53,9 +55,10 @@ def arm(kind: str, repeat: int, args: argparse.Namespace, workdir: Path) -> tupl
     commands = []
     for learner in range(args.learners):
         name = ["--learner-id", f"r{repeat}-l{learner}"]
-        if kind == "groups":
+        if kind in ("groups", "fsdp"):
             launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-            commands.append([*launcher, "examples/torchrun_learner.py", *name, *common, "--batch", str(args.batch)])
+            sharding = ["--fsdp"] if kind == "fsdp" else []
+            commands.append([*launcher, "examples/torchrun_learner.py", *name, *common, "--batch", str(args.batch), *sharding])
         else:
             commands.append([sys.executable, "examples/torch_learner.py", *name, *common, "--batch", str(2 * args.batch)])
     started = time.perf_counter()
@@ -74,31 +77,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync-every", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--arms", default=",".join(ARMS), help="which arms, comma-separated (single is the reference)")
     args = parser.parse_args(argv)
     print(
         f"torchrun quality: {args.learners} learners, {args.steps} steps, batch {args.batch} x 2 ranks against "
         f"{2 * args.batch} x 1, H = {args.sync_every}, 2 fragments, {args.repeats} repeats, {os.cpu_count()} cores",
         flush=True,
     )
-    results: dict[str, list[float]] = {"groups": [], "single": []}
+    arms = [arm_name.strip() for arm_name in args.arms.split(",")]
+    if "single" not in arms or not set(arms) <= set(ARMS):
+        parser.error(f"--arms: a list of {', '.join(ARMS)} that includes single (the reference)")
+    results: dict[str, list[float]] = {kind: [] for kind in arms}
     with tempfile.TemporaryDirectory(prefix="gm-torchrun-quality-") as tmp:
         for repeat in range(args.repeats):
-            for kind in ("single", "groups"):
+            for kind in arms:
                 loss, wall = arm(kind, repeat, args, Path(tmp))
                 results[kind].append(loss)
                 print(f"  repeat {repeat}: {kind:6s} held-out loss {loss:.4f} ({wall:.0f} s)", flush=True)
-    groups, single = statistics.mean(results["groups"]), statistics.mean(results["single"])
+    single = statistics.mean(results["single"])
     spreads = {kind: max(losses) - min(losses) for kind, losses in results.items() if len(losses) > 1}
-    print(
-        f"\ngroups {groups:.4f} / single {single:.4f} = {groups / single:.4f}x; difference {groups - single:+.4f}; "
-        f"spread over repeats: single {spreads.get('single', float('nan')):.4f}, groups {spreads.get('groups', float('nan')):.4f}"
-    )
-    if spreads:  # run-to-run noise: the larger of the two arms' spreads (each is one number of few repeats)
-        noise = max(spreads.values())
-        verdict = "met" if abs(groups - single) <= noise else "not met"
-        print(f"target (the difference within run-to-run noise, {noise:.4f}): {verdict}")
-    else:
-        print("target (within run-to-run noise): n/a (one repeat)")
+    print("\nspread over repeats: " + ", ".join(f"{kind} {spreads.get(kind, float('nan')):.4f}" for kind in arms))
+    for kind in arms:
+        if kind == "single":
+            continue
+        mean = statistics.mean(results[kind])
+        print(f"{kind} {mean:.4f} / single {single:.4f} = {mean / single:.4f}x; difference {mean - single:+.4f}")
+        if kind in spreads and "single" in spreads:  # run-to-run noise: the larger of the two arms' spreads
+            noise = max(spreads[kind], spreads["single"])
+            verdict = "met" if abs(mean - single) <= noise else "not met"
+            print(f"  target (the difference within run-to-run noise, {noise:.4f}): {verdict}")
+        else:
+            print("  target (within run-to-run noise): n/a (one repeat)")
     return 0
 
 

@@ -169,9 +169,10 @@ class NodeSettings(BaseSettings):
     """Seconds between the passes that only look for news while nothing is expected (and between
     lease reads); unset: ``poll_interval_s``. A third of the lease TTL cuts idle S3 requests about tenfold
     (docs/operations.md)."""
-    role: Literal["both", "learner", "syncer"] = "both"
-    """``both``: train and take part in the syncer election; ``learner``: only train; ``syncer``:
-    only close rounds, as the run's dedicated syncer (``gm.SyncerNode``: no model, no training
+    role: Literal["both", "learner", "either", "syncer"] = "both"
+    """``both``: train and take part in the syncer election; ``learner``: only train; ``either``:
+    like ``both``, but stop training while elected and another node trains; ``syncer``: only
+    close rounds, as the run's dedicated syncer (``gm.SyncerNode``: no model, no training
     script; it outranks training nodes in the election and one of them takes over when it dies)."""
     run_syncer: bool = _SESSION.run_syncer
     """False is the same as ``role=learner`` (kept from before roles)."""
@@ -179,8 +180,9 @@ class NodeSettings(BaseSettings):
     """Longest a step waits for a commit under ``overlap_steps``, and closing for the rounds in flight."""
     state_dir: str | None = _SESSION.state_dir
     """Directory the learner saves what a restart needs to (its optimizer and scheduler states as
-    the script registers them, its step count, random generators) and resumes from; a volume that
-    outlives the container or pod. Unset: a restarted learner starts over."""
+    the script registers them, its step count, random generators, work-queue position) and
+    resumes from; a volume that outlives the container or pod, or ``mailbox``: the learner's own
+    prefix in the run's mailbox. Unset: a restarted learner starts over."""
     save_state_every: int = Field(default=_SESSION.save_state_every, ge=1)
     """Steps between two saves of the learner state (and one at a clean close)."""
 

@@ -1,6 +1,7 @@
-"""One learner that is a torchrun group: DDP over the gloo backend on CPU, every rank around the
-same ``gm.Session``. What ``tests/test_torchrun_learner.py`` starts (two of them). Each rank
-writes ``{out}.rank{r}.json`` at the end: its learner id, steps, the digest of its parameters."""
+"""One learner that is a torchrun group: DDP (or FSDP2 with ``--fsdp``) over the gloo backend on
+CPU, every rank around the same ``gm.Session``. What ``tests/test_torchrun_learner.py`` starts
+(two of them). Each rank writes ``{out}.rank{r}.json`` at the end: its learner id, steps, the
+digest of its (full, gathered) parameters and, on rank 0, of the session's view of them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,21 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 import gradientmail as gm
+
+
+def digest(module: torch.nn.Module, *, gather: bool) -> str:
+    """sha256 of the parameters in name order; ``gather``: of the full tensors of FSDP's shards."""
+    hashed = hashlib.sha256()
+    with torch.no_grad():
+        for _, tensor in sorted(module.named_parameters(), key=lambda item: item[0]):
+            full = tensor.full_tensor() if gather else tensor  # type: ignore[operator]
+            hashed.update(full.detach().numpy().tobytes())
+    return hashed.hexdigest()
 
 
 def main() -> None:
@@ -25,11 +38,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=80)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--step-sleep", type=float, default=0.01)
+    parser.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)  # the same initial replica on every rank (DDP checks it too)
-    model = DistributedDataParallel(torch.nn.Linear(6, 3))
+    if args.fsdp:
+        model = fully_shard(torch.nn.Linear(6, 3), mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+    else:
+        model = DistributedDataParallel(torch.nn.Linear(6, 3))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     options = gm.SessionOptions(lease_ttl_s=2.0, poll_interval_s=0.05)
     algorithm = gm.DiLoCo(sync_every=10, fragments=1)
@@ -47,14 +64,14 @@ def main() -> None:
             optimizer.step()
             session.step(samples=args.batch)
             time.sleep(args.step_sleep)
-    digest = hashlib.sha256()
-    for _, tensor in sorted(model.module.named_parameters(), key=lambda item: item[0]):
-        digest.update(tensor.detach().numpy().tobytes())
+    module = model if args.fsdp else model.module
     result = {
         "rank": rank,
         "learner": args.learner_id,
         "steps": session.stats.steps,
-        "params": digest.hexdigest(),
+        "params": digest(module, gather=args.fsdp),
+        "view": digest(session.model, gather=False) if rank == 0 else None,
+        "sharded": session.group is not None and session.group.sharded,
         "versions": dict(session.versions) if rank == 0 else None,
         "leader": session.group is not None and session.group.is_leader,
         "world": session.group.world_size if session.group is not None else 1,

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         "--keep-versions", type=int, default=1_000_000, help="retention (default: keep every version, so tests see all history)"
     )
     parser.add_argument("--run-key", default=None, help="sign the run's records with this key")
-    parser.add_argument("--role", choices=["both", "learner"], default="both")
+    parser.add_argument("--role", choices=["both", "learner", "either"], default="both")
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.metrics_port is not None:

@@ -92,9 +92,11 @@ def unique_prefix() -> str:
 
 GLOO_EXIT_ABORT = "terminate called without an active exception"
 """What a gloo rank prints when it aborts (SIGABRT) as a two-rank run ends: seen in about one in
-ten two-rank runs under the loaded test suite, never alone; not yet explained (see the closing
-note of the torchrun work). A launch that fails with it is tried once more; any other failure,
-or the same one twice, fails the test."""
+ten two-rank runs under the loaded test suite, never alone. Probably the abort twin of the exit
+deadlock ``session/group.py`` now avoids (gloo's worker thread freeing the last collectives'
+tensors while the exiting main thread holds the GIL: 4 of 15 loaded two-rank runs hung at exit
+without the fix, 0 of 15 with it); kept as a guard until runs show it gone. A launch that fails
+with it is tried once more; any other failure, or the same one twice, fails the test."""
 
 
 def run_torchrun(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:

@@ -406,6 +406,7 @@ VALUE_SETS = {
     "job": yaml.safe_load((CHART / "ci/job-values.yaml").read_text()),
     "dedicated-syncer": yaml.safe_load((CHART / "ci/syncer-values.yaml").read_text()),
     "multi-gpu": yaml.safe_load((CHART / "ci/multi-gpu-values.yaml").read_text()),
+    "learner-state": yaml.safe_load((CHART / "ci/state-values.yaml").read_text()),
 }
 CHART_MANAGED = {"mailbox", "learner_id", "metrics_port", "metrics_address", "script", "run_key", "run_key_file"}
 CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
@@ -579,6 +580,41 @@ def test_a_dedicated_syncer_beside_learner_only_nodes_is_refused():
     values = {**VALUE_SETS["dedicated-syncer"], "settings": {"role": "learner"}}
     with pytest.raises(helm_python.HelmError, match="no node to take the rounds over"):
         _render(values)
+
+
+def test_the_learner_state_is_a_claim_per_pod_or_one_shared_claim_in_job_mode():
+    """learners.state: GRADIENTMAIL_STATE_DIR names the mounted volume; a StatefulSet gets a claim
+    per pod (volumeClaimTemplates), a Job one ReadWriteMany claim for every index, kept on
+    uninstall; existingClaim mounts that claim instead; settings.state_dir wins over the mount."""
+    documents = _documents(_render(VALUE_SETS["learner-state"]))
+    workload = _learners(documents)
+    (template,) = workload["spec"]["volumeClaimTemplates"]
+    assert template["metadata"]["name"] == "state" and template["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert template["spec"]["storageClassName"] == "gp3" and template["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    container = _learner_container(documents)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["GRADIENTMAIL_STATE_DIR"] == "/var/lib/gradientmail/state" and env["GRADIENTMAIL_SAVE_STATE_EVERY"] == "200"
+    assert {"name": "state", "mountPath": "/var/lib/gradientmail/state"} in container["volumeMounts"]
+    assert not any(d["kind"] == "PersistentVolumeClaim" for d in documents)
+
+    job = _documents(_render(VALUE_SETS["job"]))
+    (claim,) = [d for d in job if d["kind"] == "PersistentVolumeClaim"]
+    assert (
+        claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        and claim["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    )
+    volumes = {v["name"]: v for v in _learners(job)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+
+    existing = {**VALUE_SETS["learner-state"], "learners": {"state": {"enabled": True, "existingClaim": "nfs-state"}}}
+    documents = _documents(_render(existing))
+    assert "volumeClaimTemplates" not in _learners(documents)["spec"]
+    volumes = {v["name"]: v for v in _learners(documents)["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == "nfs-state"
+
+    own = {**VALUE_SETS["learner-state"], "settings": {"state_dir": "/scratch/state"}}
+    variables = _learner_container(_documents(_render(own)))["env"]
+    assert [e["value"] for e in variables if e["name"] == "GRADIENTMAIL_STATE_DIR"] == ["/scratch/state"]  # the setting's, once
 
 
 def test_the_gpu_pool_requests_gpus_and_places_learners():

@@ -171,4 +171,5 @@ def test_gpu_check_logic_on_the_cpu():
     assert "gpu-check: passed on cpu" in out and "FAIL" not in out
     assert "cpu-learner" in out and "device-learner" in out
     assert "rounds merged again with torch on cpu and with NumPy" in out and "val loss cpu/cpu = 1.00000000" in out
-    assert "2 ranks (gloo) as one learner: leases ['pair']" in out
+    assert "DDP, 2 ranks (gloo) as one learner: leases ['pair']" in out
+    assert "FSDP2, 2 ranks (gloo) as one learner: leases ['pair']" in out

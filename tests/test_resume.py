@@ -14,7 +14,10 @@ import pytest
 import torch
 
 import gradientmail as gm
-from gradientmail.session.resume import LearnerState
+from gradientmail.mailbox import FileMailbox
+from gradientmail.records import keys
+from gradientmail.session.resume import LearnerState, StateFile, StateInMailbox
+from gradientmail.store import RunStore
 from tests.resume_proc import moments_digest
 from tests.run_procs import ROOT, wait_until
 
@@ -66,10 +69,13 @@ def test_a_learner_killed_mid_run_resumes_from_its_last_save_with_its_optimizer_
     assert torch.load(state_dir / "gpu-0.state", weights_only=True)["total_steps"] == 200  # saved at the clean close
 
 
-def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_path):
-    """A session closed cleanly saves its state; the next one with the same id resumes: the step
-    count continues and the next random numbers are those the first session would have drawn."""
-    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir=str(tmp_path / "state"), save_state_every=5)
+@pytest.mark.parametrize("where", ["directory", "mailbox"])
+def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_path, where):
+    """A session closed cleanly saves its state (in a directory, or with ``state_dir="mailbox"``
+    under the learner's prefix in the run's mailbox); the next one with the same id resumes: the
+    step count continues and the next random numbers are those the first session would have drawn."""
+    state_dir = str(tmp_path / "state") if where == "directory" else "mailbox"
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir=state_dir, save_state_every=5)
     mailbox = f"file://{tmp_path / 'box'}"
 
     def session() -> gm.Session:
@@ -91,7 +97,7 @@ def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_
 
 
 def test_a_state_saved_in_another_run_is_ignored(tmp_path, caplog):
-    state = LearnerState(tmp_path, "a")
+    state = LearnerState(StateFile(tmp_path, "a"), "a")
     state.save("run-1", 50, [])
     assert state.load("run-1")["total_steps"] == 50
     with caplog.at_level("WARNING"):
@@ -109,10 +115,37 @@ def test_only_objects_with_state_dicts_can_be_registered(tmp_path):
 
 def test_the_state_file_is_replaced_atomically(tmp_path):
     """A save writes a temporary file and renames it: the previous state stays whole until then."""
-    state = LearnerState(tmp_path, "a")
+    state = LearnerState(StateFile(tmp_path, "a"), "a")
     state.save("r", 10, [])
     before = (tmp_path / "a.state").read_bytes()
     state.save("r", 20, [])
     assert (tmp_path / "a.state").read_bytes() != before
     assert [p.name for p in tmp_path.iterdir()] == ["a.state"]
     assert time.time() - (tmp_path / "a.state").stat().st_mtime < 60
+
+
+def test_a_state_in_the_mailbox_keeps_one_save_and_nothing_dropped_there_stops_a_learner(tmp_path, caplog):
+    """``state_dir="mailbox"``: each save writes a new blob, then the record naming it, then
+    deletes the older blobs. A record that is garbage, names another learner's blob, or (in a
+    signed run) is not signed is ignored with a warning: the learner starts fresh."""
+    box = FileMailbox(tmp_path / "box")
+    state = LearnerState(StateInMailbox(RunStore(box), "a"), "a")
+    state.save("r", 10, [])
+    state.save("r", 20, [])
+    assert state.load("r")["total_steps"] == 20
+    blobs = [k for k in box.list(keys.learner_state_prefix("a")) if k.endswith(".state")]
+    assert len(blobs) == 1 and "000000000020-" in blobs[0]
+
+    LearnerState(StateInMailbox(RunStore(box), "b"), "b").save("r", 5, [])
+    foreign = box.get(keys.learner_state_record("b"))
+    box.put(keys.learner_state_record("a"), foreign.replace(b'"learner":"b"', b'"learner":"a"'))
+    with caplog.at_level("WARNING"):
+        assert state.load("r") is None  # it names b's blob
+        box.put(keys.learner_state_record("a"), b"\x00 not a record")
+        assert state.load("r") is None
+    assert caplog.text.count("ignoring the saved state of a") == 2
+
+    signed = LearnerState(StateInMailbox(RunStore(box, gm.RunKey("k" * 32)), "b"), "b")
+    with caplog.at_level("WARNING"):
+        assert signed.load("r") is None  # b's record is unsigned
+    assert "ignoring the saved state of b" in caplog.text

@@ -16,7 +16,9 @@ import pytest
 
 import gradientmail as gm
 from gradientmail.mailbox import FileMailbox
-from gradientmail.store import RunStore
+from gradientmail.records import Lease
+from gradientmail.session.roles import serves_instead_of_training
+from gradientmail.store import TRAINING, RunStore, others_training, trains
 from gradientmail.syncer.election import Election
 from tests.fake_clock import FakeClock
 from tests.run_procs import ROOT, check_history, rounds, start_learner, syncer_lease, wait_until
@@ -65,9 +67,50 @@ def test_a_syncer_role_in_session_options_points_at_the_syncer_node():
     with pytest.raises(gm.InvalidConfig, match="gm.SyncerNode"):
         gm.SessionOptions(role="syncer")
     with pytest.raises(gm.InvalidConfig, match="role"):
-        gm.SessionOptions(role="either")
+        gm.SessionOptions(role="neither")
     assert not gm.SessionOptions(role="learner").elects and gm.SessionOptions().elects
+    assert gm.SessionOptions(role="either").elects
     assert not gm.SessionOptions(run_syncer=False).elects
+
+
+def test_an_either_node_serves_instead_of_training_only_while_elected_and_someone_else_trains():
+    """The one rule of the either role (``session/roles.py``), and the lease field it is read from."""
+    assert serves_instead_of_training("either", holds_syncer_role=True, others_training=1)
+    assert not serves_instead_of_training("either", holds_syncer_role=True, others_training=0)  # alone: it trains
+    assert not serves_instead_of_training("either", holds_syncer_role=False, others_training=3)
+    for role in ("both", "learner"):
+        assert not serves_instead_of_training(role, holds_syncer_role=True, others_training=3)
+    lease = Lease(kind="learner", holder="a", ttl_s=1.0)
+    paused = Lease(kind="learner", holder="b", ttl_s=1.0, info={TRAINING: False})
+    assert trains(lease) and not trains(paused)
+    assert others_training({"a": lease, "b": paused, "me": lease}, "me") == 1
+
+
+@pytest.mark.slow
+def test_an_either_node_only_syncs_while_another_node_trains_and_trains_again_when_alone(tmp_path):
+    """INV-6: an ``either`` node and a ``learner`` node. The either node is elected (the only
+    candidate) and, once the learner trains, stops training: it publishes its work, then closes
+    the learner's rounds without waiting for itself (its lease says it does not train). When
+    the learner leaves it trains again, alone, and finishes its steps."""
+    url = f"file://{tmp_path / 'box'}"
+    box = FileMailbox(tmp_path / "box")
+    either = start_learner(
+        url, "e0", tmp_path, "--steps", "60", "--step-sleep", "0.02", "--wait-for", "2", "--role", "either", *FAST
+    )
+    learner = start_learner(
+        url, "l0", tmp_path, "--steps", "150", "--step-sleep", "0.02", "--wait-for", "2", "--role", "learner", *FAST
+    )
+    for process in (learner, either):
+        process.wait()
+    done = either.result()
+    assert done["stats"]["steps"] == 60 and done["stats"]["serving_pauses"] >= 1 and done["stats"]["serving_s"] > 0
+    history = check_history(box, fragments=2)
+    committed = [r for fragment in history for r in fragment[1:]]
+    assert committed and {r.committed_by for r in committed} == {"e0"}
+    alone = [r for r in committed if {p.learner for p in r.participants} == {"l0"}]
+    assert alone  # rounds of the learner only, closed while the either node served
+    last = max(r.version for r in alone if r.fragment == 0)
+    assert any("e0" in {p.learner for p in r.participants} for r in history[0][1:] if r.version > last)  # it trained again
 
 
 @pytest.mark.slow

@@ -1,7 +1,8 @@
 """A learner that is a torchrun group (``session/group.py``): two learners of two ranks each,
-DDP over gloo on CPU, started with ``torchrun`` as a user would. The run sees two learners (one
-lease, one contribution per group per round, each weighing the group's batch); the ranks of a
-group end with identical parameters; a group killed with SIGKILL and restarted rejoins."""
+DDP or FSDP2 over gloo on CPU, started with ``torchrun`` as a user would. The run sees two
+learners (one lease, one contribution per group per round, each weighing the group's batch);
+the ranks of a group end with identical parameters (FSDP: the shards are rank 0's view of
+them); a group killed with SIGKILL and restarted rejoins."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ from tests.run_procs import ROOT, check_history, rounds, run_torchrun, wait_unti
 BATCH, STEPS = 8, 80
 
 
-def torchrun(url: str, learner: str, out: Path, log: Path, steps: int = STEPS) -> subprocess.Popen[str]:
+def torchrun(url: str, learner: str, out: Path, log: Path, steps: int = STEPS, fsdp: bool = False) -> subprocess.Popen[str]:
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
         "-m", "tests.ddp_proc", "--mailbox", url, "--learner-id", learner, "--out", str(out), "--steps", str(steps),
-        "--batch", str(BATCH),
+        "--batch", str(BATCH), *(["--fsdp"] if fsdp else []),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
@@ -48,11 +49,7 @@ def test_two_learners_of_two_ranks_each_are_two_learners_to_the_run(tmp_path):
     history = check_history(box, fragments=1)
     committed = history[0][1:]
     assert committed
-    for record in committed:
-        learners = [p.learner for p in record.participants]
-        assert len(learners) == len(set(learners)) and set(learners) <= {"g0", "g1"}
-        for participant in record.participants:
-            assert participant.samples == participant.steps * BATCH * 2  # the group's batch: 2 ranks
+    check_one_contribution_per_group(committed)
     assert {p.learner for r in committed for p in r.participants} == {"g0", "g1"}
     for name in groups:
         ranks = results(tmp_path / name)
@@ -61,27 +58,40 @@ def test_two_learners_of_two_ranks_each_are_two_learners_to_the_run(tmp_path):
         assert ranks[0]["steps"] == ranks[1]["steps"] == STEPS
 
 
+def check_one_contribution_per_group(committed: list) -> None:
+    for record in committed:
+        learners = [p.learner for p in record.participants]
+        assert len(learners) == len(set(learners)) and set(learners) <= {"g0", "g1"}
+        for participant in record.participants:
+            assert participant.samples == participant.steps * BATCH * 2  # the group's batch: 2 ranks
+
+
 @pytest.mark.slow
-def test_a_group_killed_with_sigkill_and_restarted_rejoins_the_run(tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_a_group_killed_with_sigkill_and_restarted_rejoins_the_run(tmp_path, fsdp):
     url = f"file://{tmp_path / 'box'}"
     box = FileMailbox(tmp_path / "box")
-    steady = torchrun(url, "g0", tmp_path / "g0", tmp_path / "g0.log", steps=300)
-    victim = torchrun(url, "g1", tmp_path / "g1", tmp_path / "g1.log", steps=300)
+    steady = torchrun(url, "g0", tmp_path / "g0", tmp_path / "g0.log", steps=300, fsdp=fsdp)
+    victim = torchrun(url, "g1", tmp_path / "g1", tmp_path / "g1.log", steps=300, fsdp=fsdp)
     try:
         wait_until(lambda: any(p.learner == "g1" for r in rounds(box, 0) for p in r.participants), 180, "g1 in a round")
         os.killpg(victim.pid, signal.SIGKILL)  # torchrun and both ranks
         victim.wait()
-        restarted = torchrun(url, "g1", tmp_path / "g1b", tmp_path / "g1b.log", steps=60)
+        restarted = torchrun(url, "g1", tmp_path / "g1b", tmp_path / "g1b.log", steps=60, fsdp=fsdp)
         assert restarted.wait(timeout=300) == 0, (tmp_path / "g1b.log").read_text()[-4000:]
         assert steady.wait(timeout=300) == 0, (tmp_path / "g0.log").read_text()[-4000:]
     finally:
         for process in (steady, victim):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
+    assert RunStore(box).learners_with_leases() == ["g0", "g1"]
     history = check_history(box, fragments=1)
-    ranks = results(tmp_path / "g1b")
-    assert ranks[0]["params"] == ranks[1]["params"]
-    assert int(ranks[0]["versions"]["0"]) >= 1 and len(history[0]) > 2
+    check_one_contribution_per_group(history[0][1:])
+    for name in ("g0", "g1b"):
+        ranks = results(tmp_path / name)
+        assert [r["sharded"] for r in ranks] == [fsdp, fsdp]
+        assert ranks[0]["params"] == ranks[1]["params"] == ranks[0]["view"]  # every rank holds rank 0's model
+    assert int(results(tmp_path / "g1b")[0]["versions"]["0"]) >= 1 and len(history[0]) > 2
 
 
 SCRIPT = """
@@ -140,12 +150,14 @@ def test_gradientmail_node_under_torchrun_is_one_learner_with_one_metrics_endpoi
 
 
 @pytest.mark.slow
-def test_the_torchrun_quality_benchmark_runs_both_arms():
-    """`python -m benchmarks.torchrun_quality` at a smoke size: both arms train and report a
-    held-out loss (the comparison itself is the benchmark's, docs/benchmarks.md)."""
+def test_the_torchrun_quality_benchmark_runs_every_arm():
+    """`python -m benchmarks.torchrun_quality` at a smoke size: every arm (single, DDP groups,
+    FSDP2 groups) trains and reports a held-out loss (the comparison itself is the benchmark's,
+    docs/benchmarks.md)."""
     done = run_torchrun(
         [sys.executable, "-m", "benchmarks.torchrun_quality", "--steps", "8", "--sync-every", "4", "--repeats", "1"],
         cwd=ROOT, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "single held-out loss" in done.stdout and "groups held-out loss" in done.stdout
+    for arm in ("single", "groups", "fsdp  "):
+        assert f"{arm} held-out loss" in done.stdout, done.stdout[-3000:]

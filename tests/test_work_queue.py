@@ -82,6 +82,7 @@ def test_learners_that_disagree_on_the_queue_size_are_refused(tmp_path):
 def start(url: str, name: str, workdir: Path, incarnation: int) -> tuple[subprocess.Popen[str], Path]:
     log = workdir / f"{name}-{incarnation}.log"
     command = [sys.executable, "-m", "tests.queue_proc", "--mailbox", url, "--learner-id", name]
+    command += ["--state-dir", str(workdir / "state")]
     return subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True), log
 
 
@@ -93,12 +94,21 @@ def lines(log: Path) -> list[dict]:
 def test_every_unit_is_trained_to_its_end_exactly_once_across_kill_9_and_restart(tmp_path):
     """Three learner processes share 24 units; one is killed with SIGKILL in the middle of a unit
     and restarted under its id. Every unit has exactly one done record, and the units the
-    processes report done are each reported once, all 24 of them."""
+    processes report done are each reported once, all 24 of them. The restart goes on with the
+    interrupted unit where its saved state was (``steps_into``: the steps it had trained of it,
+    saved at every step), so every step of every unit is trained once, the interrupted one's
+    step in flight at the kill at most redone."""
     url = f"file://{tmp_path / 'box'}"
     store = RunStore(FileMailbox(tmp_path / "box"))
     procs = {name: start(url, name, tmp_path, 0) for name in ("n0", "n1", "n2")}
-    victim, log = procs["n1"]
-    wait_until(lambda: len([e for e in lines(log) if e["event"] == "unit"]) >= 2, 120, "n1 to start its second unit")
+    victim, victim_log = procs["n1"]
+
+    def into_second_unit() -> bool:
+        units = [e["unit"] for e in lines(victim_log) if e["event"] == "unit"]
+        steps = [e for e in lines(victim_log) if e["event"] == "step"]
+        return len(units) >= 2 and sum(1 for e in steps if e["unit"] == units[-1]) >= 2
+
+    wait_until(into_second_unit, 120, "n1 two steps into its second unit")
     victim.kill()
     victim.wait()
     procs["n1"] = start(url, "n1", tmp_path, 1)
@@ -113,3 +123,11 @@ def test_every_unit_is_trained_to_its_end_exactly_once_across_kill_9_and_restart
     assert len(again) <= 1  # only the unit n1 was training when it was killed, taken back by its restart
     completed = [u for log in logs for e in lines(log) if e["event"] == "end" for u in e["completed"]]
     assert len(completed) == len(set(completed))  # no unit reported done twice
+    interrupted = [e["unit"] for e in lines(victim_log) if e["event"] == "unit"][-1]
+    before = [e["step"] for e in lines(victim_log) if e["event"] == "step" and e["unit"] == interrupted]
+    resumed = next(e for e in lines(tmp_path / "n1-1.log") if e["event"] == "unit")
+    assert resumed["unit"] == interrupted and len(before) >= 2
+    assert resumed["skip"] in (len(before), len(before) + 1)  # the last save: the last step printed, or one after
+    for unit in set(range(24)) - {interrupted}:
+        steps = [e["step"] for log in logs for e in lines(log) if e["event"] == "step" and e["unit"] == unit]
+        assert sorted(steps) == list(range(5)), (unit, steps)  # each step of a unit trained once

@@ -14,6 +14,8 @@ zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Ke
     leases/syncer.json                                       mutable (compare-and-swap), election
     queues/{q}/claims/{u:010d}.json                          claim of unit u: create, then compare-and-swap
     queues/{q}/done/{u:010d}.json                            create-once, the learner that finished unit u
+    states/{learner}/state.json                              mutable (plain put by its learner): its saved state
+    states/{learner}/{s:012d}-{a}.state                      immutable, the state saved at total step s
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ SYNCER_LEASE = "leases/syncer.json"
 LEARNER_LEASES = "leases/learners/"
 FRAGMENTS = "fragments/"
 QUEUES = "queues/"
+STATES = "states/"
 
 _ID = LEARNER_ID.pattern.removeprefix("^").removesuffix("$")  # a learner id, inside a key
 _HEAD = re.compile(r"^fragments/(\d{4})/head\.json$")
@@ -39,6 +42,7 @@ _VERSION_BLOB = re.compile(
 _CONTRIBUTION = re.compile(rf"^fragments/(\d{{4}})/contributions/(\d{{10}})/({_ID})-(\d{{10}})\.(json|safetensors)$")
 _LEARNER_LEASE = re.compile(rf"^leases/learners/({_ID})\.json$")
 _QUEUE = re.compile(rf"^queues/({_ID})/(claims|done)/(\d{{10}})\.json$")
+_STATE = re.compile(rf"^states/({_ID})/(state\.json|\d{{12}}-[0-9a-f]{{1,32}}\.state)$")
 
 
 def fragment_root(fragment: int) -> str:
@@ -121,6 +125,29 @@ def queue_prefix(queue: str, part: str) -> str:
     return f"{QUEUES}{check_learner_id(queue)}/{part}/"
 
 
+def learner_state_prefix(learner: str) -> str:
+    """Where a learner's saved states live (``SessionOptions.state_dir="mailbox"``)."""
+    return f"{STATES}{check_learner_id(learner)}/"
+
+
+def learner_state_record(learner: str) -> str:
+    """The record naming a learner's newest saved state."""
+    return f"{learner_state_prefix(learner)}state.json"
+
+
+def learner_state_blob(learner: str, total_steps: int, attempt: str) -> str:
+    """A learner's state saved at ``total_steps`` (a key per save, ``attempt`` making it unique:
+    the record moves to it last)."""
+    return f"{learner_state_prefix(learner)}{total_steps:012d}-{_attempt(attempt)}.state"
+
+
+@dataclass(frozen=True)
+class LearnerStateKey:
+    learner: str
+    blob: bool
+    """The saved bytes (``{s}.state``), else the record (``state.json``)."""
+
+
 @dataclass(frozen=True)
 class QueueKey:
     queue: str
@@ -187,7 +214,15 @@ class SingletonKey:
 
 
 ParsedKey = (
-    HeadKey | RoundKey | VersionBlobKey | ContributionKey | ContributionBlobKey | LearnerLeaseKey | SingletonKey | QueueKey
+    HeadKey
+    | RoundKey
+    | VersionBlobKey
+    | ContributionKey
+    | ContributionBlobKey
+    | LearnerLeaseKey
+    | SingletonKey
+    | QueueKey
+    | LearnerStateKey
 )
 """What a name in a run's mailbox is, by the key layout above."""
 
@@ -215,6 +250,8 @@ def parse_key(key: object) -> ParsedKey | None:
         return HeadKey(int(match[1]))
     if (match := _QUEUE.match(key)) is not None:
         return QueueKey(match[1], match[2], int(match[3]))
+    if (match := _STATE.match(key)) is not None:
+        return LearnerStateKey(match[1], match[2] != "state.json")
     return None
 
 

@@ -394,6 +394,19 @@ class QueueClaim(Record):
     claimed_at: str = Field(default_factory=utc_now)
 
 
+class LearnerStateRecord(Record):
+    """Where a learner's saved state is (``SessionOptions.state_dir="mailbox"``): a blob under the
+    learner's own prefix, pinned by size and sha256. Rewritten (a plain put) at every save."""
+
+    record_type: ClassVar[str] = "learner state"
+    max_bytes: ClassVar[int] = 4096
+    learner: LearnerId
+    run_id: str = Field(min_length=1, max_length=128)
+    total_steps: int = Field(ge=0)
+    state: PayloadRef
+    saved_at: str = Field(default_factory=utc_now)
+
+
 class QueueDone(Record):
     """Create-once: ``holder`` trained ``unit`` of ``queue`` to its end. At most one per unit."""
 

@@ -26,6 +26,13 @@ unit. Leaving the loop early (``break``, an exception, a kill) leaves the unit c
 learner's restart or, once its lease expires, for another learner. A slow learner whose unit was
 taken over may still finish it; the first done record wins and the other is logged. For fixed
 slices (``ranks``), make a queue of as many units as slices and hold one for the whole run.
+
+The position inside a unit: a queue made by ``Session.queue`` notes the session's
+``total_steps`` when it hands out a unit, and the learner state (``state_dir``) saves those
+marks. A restarted learner that takes back its unit learns from ``steps_into(unit)`` how many
+steps of it the saved state had trained (the steps since the mark, as of the save), so it skips
+that many batches instead of training the unit from its start; a unit taken over from another
+learner, or claimed after the last save, starts at 0.
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class WorkQueue:
         poll_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        steps: Callable[[], int] | None = None,
+        marks: dict[int, int] | None = None,
+        before_claim: Callable[[], None] | None = None,
     ) -> None:
         try:
             self.name = check_learner_id(name)
@@ -77,6 +87,23 @@ class WorkQueue:
         """Units this learner marked done, in order."""
         self.taken_over: list[int] = []
         """Units this learner took over from a learner whose lease expired."""
+        self._steps = steps
+        self._marks = marks if marks is not None else {}
+        """unit → the learner's step count when it got the unit (shared with the saved state)."""
+        self._before_claim = before_claim
+
+    @property
+    def holding(self) -> bool:
+        """Whether this learner holds a unit it has not finished."""
+        return bool(self._held)
+
+    def steps_into(self, unit: int) -> int:
+        """Steps this learner has trained of ``unit`` so far, those before a restart included (as
+        of its last saved state). Asked as the unit is handed out: the batches to skip when
+        going on with a unit taken back after a restart; 0 for a unit new to it."""
+        if self._steps is None or unit not in self._marks:
+            return 0
+        return max(0, self._steps() - self._marks[unit])
 
     def __iter__(self) -> Iterator[int]:
         while (unit := self.claim_next()) is not None:
@@ -86,6 +113,14 @@ class WorkQueue:
     def claim_next(self) -> int | None:
         """The next unit for this learner (rules 1-4), waiting while only live learners' units are
         left; None once every unit is done."""
+        if self._before_claim is not None:
+            self._before_claim()
+        unit = self._next()
+        if unit is not None and self._steps is not None:
+            self._marks.setdefault(unit, self._steps())  # a unit taken back keeps its saved mark
+        return unit
+
+    def _next(self) -> int | None:
         while True:
             claimed, done = self._store.queue_units(self.name)
             if len(done) >= self.units:
@@ -116,12 +151,14 @@ class WorkQueue:
     def finish(self, unit: int) -> None:
         """Mark ``unit`` trained to its end (create-once: the first learner to finish it wins)."""
         generation, _ = self._held.pop(unit, (1, ""))
+        self._marks.pop(unit, None)
         if self._store.create_queue_done(QueueDone(queue=self.name, unit=unit, holder=self._learner, generation=generation)):
             self.completed.append(unit)
         else:
             log.info("%s finished unit %d of queue %s, which another learner had finished first", self._learner, unit, self.name)
 
     def _claim(self, unit: int) -> int | None:
+        self._marks.pop(unit, None)
         claim = QueueClaim(queue=self.name, unit=unit, holder=self._learner, units=self.units)
         try:
             token = self._store.create_queue_claim(claim)
@@ -138,6 +175,7 @@ class WorkQueue:
         except VersionConflict:
             return None
         self._held[unit] = (generation, token)
+        self._marks.pop(unit, None)  # another learner's unit: its position is not ours
         self.taken_over.append(unit)
         log.info(
             "%s takes over unit %d of queue %s from %s",

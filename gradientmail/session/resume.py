@@ -5,23 +5,28 @@ with them. What it does not hold stays on the learner: the inner optimizer's mom
 learning-rate schedule, the random generators, the learner's count of steps (its data position
 and schedule position), anything else with ``state_dict()``/``load_state_dict()``. With
 ``SessionOptions.state_dir`` set, the session saves those to ``{state_dir}/{learner_id}.state``
-every ``save_state_every`` steps and at a clean close, atomically (a temporary file, then a
-rename), and a session with the same learner id in the same run loads them on opening:
+(or, with ``state_dir="mailbox"``, to the learner's own prefix in the run's mailbox:
+``StateInMailbox``) every ``save_state_every`` steps and at a clean close, atomically (a
+temporary file, then a rename; in the mailbox a new blob, then the record naming it), and a
+session with the same learner id in the same run loads them on opening:
 
 * the objects registered with ``Session.register_for_checkpointing`` (in registration order);
 * ``total_steps``: steps this learner trained in the run, across restarts
   (``Session.total_steps`` continues from it: index data and schedules by it);
-* the generators of ``random``, NumPy's global one and torch's (CPU and, when present, CUDA).
+* the generators of ``random``, NumPy's global one and torch's (CPU and, when present, CUDA);
+* for each work queue (``Session.queue``), the step count at which the learner got each unit it
+  holds: its position inside the unit (``WorkQueue.steps_into``).
 
 Local work since the last commit is not saved: the model comes from the newest commit, as for
 any joiner, so a restart redoes at most ``save_state_every`` steps of data and loses the work
 the newest commit does not hold. A state saved in another run (another ``run_id``) is ignored,
-with a warning. The file is a ``torch.save`` archive read back with ``weights_only=True`` where
-torch is installed, else a pickle: keep ``state_dir`` private to the learner.
+with a warning. The state is a ``torch.save`` archive read back with ``weights_only=True`` where
+torch is installed, else (local files only) a pickle: keep ``state_dir`` private to the learner.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import pickle
@@ -33,9 +38,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gradientmail.errors import InvalidConfig
+from gradientmail.errors import CorruptPayload, InvalidConfig, InvalidRecord, KeyNotFound
+from gradientmail.records import keys
+from gradientmail.store import RunStore
 
-__all__ = ["STATE_FORMAT", "LearnerState", "Stateful"]
+__all__ = ["MAILBOX", "STATE_FORMAT", "LearnerState", "StateFile", "StateInMailbox", "Stateful"]
 
 log = logging.getLogger(__name__)
 
@@ -57,18 +64,71 @@ def check_stateful(objects: Sequence[object]) -> list[Stateful]:
     return list(objects)  # type: ignore[arg-type]
 
 
-class LearnerState:
-    """One learner's state file (module docstring)."""
+MAILBOX = "mailbox"
+"""``state_dir`` that saves the state in the run's mailbox, under the learner's own prefix."""
+
+
+class StateFile:
+    """A learner's state in a local file, replaced atomically (a temporary file, then a rename)."""
 
     def __init__(self, directory: str | Path, learner_id: str) -> None:
         self.path = Path(directory) / f"{learner_id}.state"
+        self.where = str(self.path)
+
+    def write(self, run_id: str, total_steps: int, data: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
+        with partial.open("wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(partial, self.path)
+
+    def read(self) -> bytes | None:
+        return self.path.read_bytes() if self.path.exists() else None
+
+
+class StateInMailbox:
+    """A learner's state in the run's mailbox (``state_dir="mailbox"``): a blob per save and a
+    record naming the newest, written last, so a kill leaves the previous save named; in a
+    signed run the record is signed and pins the blob's sha256. Nothing in the bucket stops a
+    learner: a state that does not read or verify is logged and the learner starts fresh."""
+
+    def __init__(self, store: RunStore, learner_id: str) -> None:
+        if _torch() is None:
+            raise InvalidConfig("state_dir", "'mailbox' needs torch, whose restricted loader reads what the bucket holds")
+        self._store = store
+        self._learner = learner_id
+        self.where = f"the mailbox ({keys.learner_state_record(learner_id)})"
+
+    def write(self, run_id: str, total_steps: int, data: bytes) -> None:
+        self._store.save_learner_state(self._learner, run_id, total_steps, data)
+
+    def read(self) -> bytes | None:
+        try:
+            found = self._store.read_learner_state(self._learner)
+        except (InvalidRecord, CorruptPayload, KeyNotFound) as exc:
+            log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
+            return None
+        return None if found is None else found[1]
+
+
+class LearnerState:
+    """One learner's saved state (module docstring), in a file or in the mailbox."""
+
+    def __init__(self, where: StateFile | StateInMailbox, learner_id: str) -> None:
+        self._where = where
+        self.where = where.where
+        """Where it is saved, for messages."""
         self.learner_id = learner_id
         self.saves = 0
         self.save_s = 0.0
         """Seconds spent saving so far (the training thread's cost)."""
 
-    def save(self, run_id: str, total_steps: int, objects: Sequence[Stateful]) -> None:
-        """Write the state atomically (the previous file stays whole until the rename)."""
+    def save(
+        self, run_id: str, total_steps: int, objects: Sequence[Stateful], queues: dict[str, dict[int, int]] | None = None
+    ) -> None:
+        """Write the state; the previous save stays whole until the new one is complete."""
         started = time.perf_counter()
         state = {
             "format": STATE_FORMAT,
@@ -77,23 +137,25 @@ class LearnerState:
             "total_steps": total_steps,
             "objects": [obj.state_dict() for obj in objects],
             "rng": _rng_states(),
+            "queues": {name: {int(u): int(m) for u, m in marks.items()} for name, marks in (queues or {}).items()},
         }
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}.partial")
-        _dump(state, partial)
-        os.replace(partial, self.path)
+        self._where.write(run_id, total_steps, _dumps(state))
         self.saves += 1
         self.save_s += time.perf_counter() - started
 
     def load(self, run_id: str) -> dict[str, Any] | None:
         """The saved state of this learner in run ``run_id``; None when there is none."""
-        if not self.path.exists():
+        data = self._where.read()
+        if data is None:
             return None
-        state = _load(self.path)
+        try:
+            state = _loads(data)
+        except Exception as exc:
+            raise InvalidConfig("state_dir", f"{self.where} does not load as a learner state: {exc}") from None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise InvalidConfig("state_dir", f"{self.path} is not a learner state file of this GradientMail")
+            raise InvalidConfig("state_dir", f"{self.where} is not a learner state file of this GradientMail")
         if state.get("run_id") != run_id:
-            log.warning("ignoring %s: it was saved in run %s, this is run %s", self.path, state.get("run_id"), run_id)
+            log.warning("ignoring %s: it was saved in run %s, this is run %s", self.where, state.get("run_id"), run_id)
             return None
         return state
 
@@ -144,20 +206,18 @@ def _torch() -> Any:
     return torch
 
 
-def _dump(state: dict[str, Any], path: Path) -> None:
+def _dumps(state: dict[str, Any]) -> bytes:
     torch = _torch()
-    with path.open("wb") as out:
-        if torch is not None:
-            torch.save(state, out)
-        else:
-            pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-        os.fsync(out.fileno())
+    out = io.BytesIO()
+    if torch is not None:
+        torch.save(state, out)
+    else:
+        pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
+    return out.getvalue()
 
 
-def _load(path: Path) -> Any:
+def _loads(data: bytes) -> Any:
     torch = _torch()
-    with path.open("rb") as source:
-        if torch is not None:
-            return torch.load(source, weights_only=True)
-        return pickle.load(source)
+    if torch is not None:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    return pickle.loads(data)  # a local file only: the mailbox needs torch (StateInMailbox)

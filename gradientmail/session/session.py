@@ -30,8 +30,18 @@ from gradientmail.session.group import detect_group, unwrap_model
 from gradientmail.session.join import RunProposal, join_run, newest_readable
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.session.queue import WorkQueue
-from gradientmail.session.resume import LearnerState, Stateful, check_stateful
-from gradientmail.store import ContributionCounts, LeaseName, LeaseObserver, Retention, RunSpec, RunStore
+from gradientmail.session.resume import MAILBOX, LearnerState, StateFile, Stateful, StateInMailbox, check_stateful
+from gradientmail.session.roles import ELECTING_ROLES, ROLES, serves_instead_of_training
+from gradientmail.store import (
+    TRAINING,
+    ContributionCounts,
+    LeaseName,
+    LeaseObserver,
+    Retention,
+    RunSpec,
+    RunStore,
+    others_training,
+)
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry
 
@@ -41,10 +51,6 @@ log = logging.getLogger(__name__)
 
 _FLUSH_ATTEMPTS = 3
 """Final contributions published at close when a round closes without the previous ones."""
-
-
-ROLES = ("both", "learner")
-"""The roles of a training node (``SessionOptions.role``); ``"syncer"`` is ``gm.SyncerNode``."""
 
 
 @dataclass(frozen=True)
@@ -67,16 +73,19 @@ class SessionOptions:
     (82 % of its steps merged against 97 %); see docs/session.md, "Polling"."""
     role: str = "both"
     """``"both"`` (the default): train and take part in the syncer election; ``"learner"``: only
-    train, never close a round (no delete permission needed, docs/security.md). A node that only
-    syncs is a :class:`~gradientmail.SyncerNode` (``GRADIENTMAIL_ROLE=syncer``)."""
+    train, never close a round (no delete permission needed, docs/security.md); ``"either"``:
+    stand like ``"both"``, but stop training while elected and another node trains
+    (``session/roles.py``). A node that only syncs is a :class:`~gradientmail.SyncerNode`
+    (``GRADIENTMAIL_ROLE=syncer``)."""
     run_syncer: bool = True
     """False is the same as ``role="learner"`` (kept from before roles)."""
     commit_timeout_s: float = 600.0
     """Longest ``step()`` waits for a commit under ``overlap_steps``, and ``close()`` for each."""
     state_dir: str | None = None
     """Save what a restart needs (registered optimizers and schedulers, ``total_steps``, random
-    generators) to ``{state_dir}/{learner_id}.state``, and resume from it (docs/session.md,
-    "Resuming"). None: a restarted learner starts over."""
+    generators, work-queue positions) to ``{state_dir}/{learner_id}.state``, or with
+    ``"mailbox"`` to the learner's own prefix in the run's mailbox, and resume from it
+    (docs/session.md, "Resuming"). None: a restarted learner starts over."""
     save_state_every: int = 100
     """Steps between two saves of the learner state (and one at a clean close): at most this
     many steps are redone after a crash."""
@@ -86,7 +95,7 @@ class SessionOptions:
     @property
     def elects(self) -> bool:
         """Whether this node takes part in the syncer election."""
-        return self.role == "both" and self.run_syncer
+        return self.role in ELECTING_ROLES and self.run_syncer
 
     def __post_init__(self) -> None:
         if self.role == "syncer":
@@ -161,6 +170,10 @@ class SessionStats:
     versions: list[int] = field(default_factory=list)
     dropped_at_close: list[int] = field(default_factory=list)
     """Per fragment: unmerged steps the model left behind at close (set to the newest commit)."""
+    serving_pauses: int = 0
+    """Times an ``"either"`` node stopped training to serve as the syncer."""
+    serving_s: float = 0.0
+    """Seconds it spent so (the training thread waiting in ``step()`` or the queue)."""
 
 
 class Session:
@@ -202,6 +215,7 @@ class Session:
     ) -> None:
         model = unwrap_model(model)
         self.model = model
+        """What the session reads and writes: the model, or on rank 0 of an FSDP group its full view."""
         self.algorithm = algorithm if algorithm is not None else DiLoCo()
         if not isinstance(self.algorithm, DiLoCo):
             raise InvalidConfig("algorithm", f"expected gm.DiLoCo, got {type(self.algorithm).__name__}")
@@ -211,8 +225,14 @@ class Session:
             raise InvalidConfig("learner_id", str(exc)) from None
         self.backend: Backend = get_backend(backend) if isinstance(backend, str) else backend or backend_for(model)
         self.options = options or SessionOptions()
-        self.group = detect_group(group, self.backend.name)
+        self.group = detect_group(group, self.backend.name, model)
         """This rank's link to the other ranks of its learner under torchrun (``session/group.py``); None alone."""
+        if self.group is not None:
+            self.model = self.group.view
+            if self.options.role == "either":
+                raise InvalidConfig("role", "a torchrun group cannot be an 'either' node: its ranks would wait in a collective")
+        self._serving = False
+        """An ``"either"`` node serving as the syncer instead of training (its lease says so)."""
         self._following = False
         self._run_id: str | None = None
         """The run's id once open (a follower rank's from rank 0): what its state file belongs to."""
@@ -230,11 +250,22 @@ class Session:
         self._step_time_s: float | None = None
         self._run: _Running | None = None
         rank_suffix = f".rank{self.group.rank}" if self.group is not None and not self.group.is_leader else ""
-        self._state = LearnerState(self.options.state_dir, self.learner_id + rank_suffix) if self.options.state_dir else None
+        self._state = self._learner_state(self.learner_id + rank_suffix)
         self._checkpointed: list[Stateful] = []
         self._saved: dict[str, Any] | None = None
+        self._queue_marks: dict[str, dict[int, int]] = {}
+        """Per work queue, unit → ``total_steps`` when this learner got it (saved with the state)."""
+        self._queues: list[WorkQueue] = []
         self.steps_before = 0
         """Steps this learner trained in the run before this session (restored from ``state_dir``)."""
+
+    def _learner_state(self, name: str) -> LearnerState | None:
+        """Where this learner's state is saved: ``state_dir``, or its prefix in the mailbox."""
+        directory = self.options.state_dir
+        if not directory:
+            return None
+        where = StateInMailbox(self._store, name) if directory == MAILBOX else StateFile(directory, name)
+        return LearnerState(where, name)
 
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:
@@ -247,8 +278,10 @@ class Session:
     def open(self) -> None:
         """Join the run, load its newest committed parameters, start the background work. A
         follower rank of a group only receives the parameters from rank 0."""
+        if self.group is not None:
+            self.group.gather(self.group.names, command=False)  # FSDP: a new run starts from the full model
         if self.group is not None and not self.group.is_leader:
-            self.group.share_model(self.model)
+            self.group.scatter(self.group.names, command=False)
             self._run_id = self.group.share_object(None)  # the leader's run: to resume this rank's own state
             self._following = True
             self._resume()
@@ -265,7 +298,7 @@ class Session:
         self._run_id = spec.manifest.run_id
         self._resume()
         if self.group is not None:
-            self.group.share_model(self.model)  # every rank starts from the committed parameters
+            self.group.scatter(self.group.names, command=False)  # every rank starts from the committed parameters
             self.group.share_object(spec.manifest.run_id)
         self.stats.dropped_at_close = [0] * len(fragments)
         loops = NodeLoops(
@@ -305,7 +338,7 @@ class Session:
             self.stats.steps += 1
             self.stats.samples += samples
             assert self.group is not None
-            self.group.step(False, self.model)
+            self.group.follow_step()
             self._save_state_if_due()
             return
         run = self._run
@@ -313,7 +346,7 @@ class Session:
             raise RuntimeError("Session.step() outside the session: use it inside `with gm.Session(...)`")
         if self.group is not None:
             samples *= self.group.world_size  # the group's batch: DDP's ranks train equal ones
-        aligned_before = self.stats.alignments
+        versions_before = list(self.stats.versions)
         now = time.perf_counter()
         if self._last_step_at is not None:
             elapsed = now - self._last_step_at
@@ -326,8 +359,20 @@ class Session:
         if self._attention or stats.steps >= run.next_due:
             self._exchange_between_steps(run)
         if self.group is not None:
-            self.group.step(self.stats.alignments != aligned_before, self.model)
+            self.group.end_step(self._names_of(run, versions_before))
         self._save_state_if_due()
+        if self.options.role == "either" and not any(queue.holding for queue in self._queues):
+            self._serve_while_elected(run)  # between units when a queue deals the data
+
+    def _names_of(self, run: _Running, versions_before: Sequence[int]) -> list[str]:
+        """The parameters of the fragments aligned since ``versions_before``, sorted."""
+        changed = [i for i, version in enumerate(self.stats.versions) if version != versions_before[i]]
+        return sorted(name for i in changed for name in run.fragments[i].names)
+
+    def _fresh(self, names: Sequence[str]) -> None:
+        """Before reading a fragment of the model: on rank 0 of an FSDP group, gather it."""
+        if self.group is not None:
+            self.group.gather(sorted(names))
 
     def _save_state_if_due(self) -> None:
         if self._state is not None and self.total_steps % self.options.save_state_every == 0:
@@ -335,7 +380,7 @@ class Session:
 
     def _save_state(self) -> None:
         if self._state is not None and self._run_id is not None:
-            self._state.save(self._run_id, self.total_steps, self._checkpointed)
+            self._state.save(self._run_id, self.total_steps, self._checkpointed, self._queue_marks)
 
     @property
     def total_steps(self) -> int:
@@ -349,14 +394,19 @@ class Session:
         run = self._run
         if run is None or not run.open:
             raise RuntimeError("Session.queue() outside the session: use it inside `with gm.Session(...)`")
-        return WorkQueue(
+        queue = WorkQueue(
             self._store,
             self.learner_id,
             name,
             units,
             lease_ttl_s=run.spec.lease_ttl_s,
             poll_interval_s=self.options.poll_interval_s,
+            steps=lambda: self.total_steps,
+            marks=self._queue_marks.setdefault(name, {}),
+            before_claim=(lambda: self._serve_while_elected(run)) if self.options.role == "either" else None,
         )
+        self._queues.append(queue)
+        return queue
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save these (each with ``state_dict()``/``load_state_dict()``: optimizers, schedulers,
@@ -377,9 +427,11 @@ class Session:
             return
         self._saved = saved
         self.steps_before = int(saved["total_steps"])
+        for name, marks in saved.get("queues", {}).items():
+            self._queue_marks[name] = {int(unit): int(mark) for unit, mark in marks.items()}
         LearnerState.restore(saved, self._checkpointed)
         LearnerState.restore_rng(saved)
-        log.info("%s resumes at step %d from %s", self.learner_id, self.steps_before, self._state.path)
+        log.info("%s resumes at step %d from %s", self.learner_id, self.steps_before, self._state.where)
 
     def _idle_interval_s(self) -> float:
         """The idle pace handed to the exchange and the syncer (``poll_interval_s`` unless set)."""
@@ -396,12 +448,52 @@ class Session:
             "step_time_s": round(self._step_time_s or 0.0, 6),
             "versions": ",".join(str(v) for v in self.stats.versions),
         }
+        if self._serving:
+            info[TRAINING] = False
+            return info
         run = self._run
         if run is not None and run.open and self._step_time_s and run.next_due > self.stats.steps:
             # absent once due: the contribution is on its way (the window of an earlier renewal
             # covers its upload) or waits for a slot; the syncer keeps no fast pace for it
             info["due_in_s"] = round((run.next_due - self.stats.steps) * self._step_time_s, 3)
         return info
+
+    def _serve_while_elected(self, run: _Running) -> None:
+        """An ``"either"`` node that holds the syncer role while another node trains stops
+        training here (``roles.serves_instead_of_training``): it publishes its unmerged work and
+        waits for those rounds, then only closes rounds, its lease saying it does not train,
+        until it loses the role or nobody else trains; then it aligns with the newest commits
+        and returns to the training loop."""
+        if not self._should_serve(run):
+            return
+        log.info("%s is the run's syncer while others train: training paused", self.learner_id)
+        started = time.monotonic()
+        self.stats.serving_pauses += 1
+        deadline = started + self.options.commit_timeout_s
+        for fragment in range(len(run.fragments)):
+            self._publish(run, fragment, final=False, flush=True)
+        for fragment, state in enumerate(run.fragments):
+            if state.outstanding is not None:
+                self._wait_for_commit(run, fragment, state.anchor_version, deadline)
+        self._serving = True
+        try:
+            while run.open and self._should_serve(run):
+                if run.loops.exchange.failure is not None:
+                    raise run.loops.exchange.failure
+                with self._changed:
+                    self._changed.wait(self.options.poll_interval_s)
+        finally:
+            self._serving = False
+            self.stats.serving_s += time.monotonic() - started
+        self._align_ready(run)
+        log.info("%s trains again after %.1f s as the syncer", self.learner_id, time.monotonic() - started)
+
+    def _should_serve(self, run: _Running) -> bool:
+        syncer = run.loops.syncer
+        if syncer is None:
+            return False
+        holds = syncer.election.is_leader
+        return serves_instead_of_training(self.options.role, holds, others_training(syncer.live, self.learner_id) if holds else 0)
 
     def _notify(self) -> None:
         self._attention = True
@@ -501,6 +593,8 @@ class Session:
         """Write the model's side of an alignment: the commit (blended under ``mixing`` when not
         carrying), or the commit with the unmerged work carried onto it, θ ← θ + (θ_commit − θ_start),
         adding the correction the exchange computed (or computing it here when it has none)."""
+        if action is align.AlignAction.CARRY or not (self.algorithm.carry_unmerged or self.algorithm.mixing == 0):
+            self._fresh(state.names)  # the local work is read
         if action is align.AlignAction.CARRY:
             correction = commit.correction
             if correction is None:
@@ -514,7 +608,7 @@ class Session:
             aligned = align.aligned_parameters(self.backend, local, self._tensors(commit.params), self.algorithm.mixing)
             self.backend.write_parameters(self.model, aligned)
 
-    def _publish(self, run: _Running, fragment: int, *, final: bool) -> None:
+    def _publish(self, run: _Running, fragment: int, *, final: bool, flush: bool = False) -> None:
         state = run.fragments[fragment]
         now = align.WorkMark(self.stats.steps, self.stats.samples)
         work = now.since(state.unmerged_from)
@@ -522,10 +616,11 @@ class Session:
             state.deferred = False
             return
         busy = sum(1 for f in run.fragments if f.outstanding is not None)
-        if not final and not schedule.slot_free(busy, self.algorithm.in_flight):
+        if not (final or flush) and not schedule.slot_free(busy, self.algorithm.in_flight):
             state.deferred = True
             return
         state.deferred = False
+        self._fresh(state.names)
         snapshot = state.snapshot(self.backend, dict(self.backend.named_parameters(self.model)))
         counts = ContributionCounts(
             steps=work.steps,
@@ -584,7 +679,7 @@ class Session:
             self._following = False
             if wait:
                 assert self.group is not None
-                self.group.share_model(self.model)  # the newest commit, as rank 0 loads it
+                self.group.follow_step()  # rank 0's close: its gathers (a final publish), the newest commit
             return
         run = self._run
         if run is None or not run.open:
@@ -598,7 +693,7 @@ class Session:
                 self._load_newest(run)
                 self._save_state()
                 if self.group is not None:
-                    self.group.share_model(self.model)
+                    self.group.end_step(self.group.names)
         finally:
             run.loops.stop(release=True)
             if self._owns_mailbox:

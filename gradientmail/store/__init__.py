@@ -1,6 +1,6 @@
 """The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
-from gradientmail.store.leases import LearnerLease, LeaseName, LeaseObserver, live_learners
+from gradientmail.store.leases import TRAINING, LearnerLease, LeaseName, LeaseObserver, live_learners, others_training, trains
 from gradientmail.store.retention import Retention
 from gradientmail.store.run_store import (
     Arrays,
@@ -34,4 +34,7 @@ __all__ = [
     "LeaseObserver",
     "LearnerLease",
     "live_learners",
+    "others_training",
+    "trains",
+    "TRAINING",
 ]

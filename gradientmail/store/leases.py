@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,7 +22,7 @@ from gradientmail.store.run_store import LeaseRead, RunStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Clock", "LeaseName", "LeaseObserver", "LearnerLease", "live_learners"]
+__all__ = ["TRAINING", "Clock", "LeaseName", "LeaseObserver", "LearnerLease", "live_learners", "others_training", "trains"]
 
 Clock = Callable[[], float]
 
@@ -108,6 +108,21 @@ def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
         if lease.kind == "learner" and lease.holder == learner and not observer.expired(name, found):
             live[lease.holder] = lease
     return live
+
+
+TRAINING = "training"
+"""The key of a learner lease's ``info`` that is ``False`` while the learner does not train (an
+``"either"`` node serving as the syncer, docs/session.md "Roles"): rounds do not wait for it."""
+
+
+def trains(lease: Lease) -> bool:
+    """Whether a learner's lease says it is training (every lease but a paused one's)."""
+    return lease.info.get(TRAINING) is not False
+
+
+def others_training(live: Mapping[str, Lease], me: str) -> int:
+    """How many of the ``live`` learners other than ``me`` are training."""
+    return sum(1 for learner, lease in live.items() if learner != me and trains(lease))
 
 
 class LearnerLease:

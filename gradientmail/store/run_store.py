@@ -40,6 +40,7 @@ from gradientmail.records import (
     SCHEMA_VERSION,
     Contribution,
     Head,
+    LearnerStateRecord,
     Lease,
     Manifest,
     Participant,
@@ -738,6 +739,37 @@ class RunStore:
         except RecordExists:
             return False
         return True
+
+    # -- learner states (state_dir="mailbox") ---------------------------------------
+    def save_learner_state(self, learner: str, run_id: str, total_steps: int, data: bytes) -> None:
+        """Put a learner's saved state: the bytes under a key of their own, then the record that
+        names them (so a kill in between leaves the previous save whole), then delete the
+        learner's older saves."""
+        blob = keys.learner_state_blob(learner, total_steps, uuid.uuid4().hex[:8])
+        ref = self._put_blob(blob, data)
+        record = LearnerStateRecord(learner=learner, run_id=run_id, total_steps=total_steps, state=ref)
+        location = keys.learner_state_record(learner)
+        self._mailbox.put(location, self._encode(location, record))
+        for key, parsed in self.listed(keys.learner_state_prefix(learner)):
+            if isinstance(parsed, keys.LearnerStateKey) and parsed.blob and key != blob:
+                try:
+                    self._mailbox.delete(key)
+                except GradientMailError as exc:  # a learner without delete permission: the old save stays
+                    log.warning("could not delete the older learner state %s: %s", key, exc)
+
+    def read_learner_state(self, learner: str) -> tuple[LearnerStateRecord, bytes] | None:
+        """A learner's newest saved state, checked (signature in a signed run, the learner, a
+        blob of its own prefix, size and sha256); None when it has none. ``InvalidRecord``,
+        ``CorruptPayload`` or ``KeyNotFound`` (the blob is gone) otherwise."""
+        location = keys.learner_state_record(learner)
+        try:
+            record, _ = self._read_record(LearnerStateRecord, location)
+        except KeyNotFound:
+            return None
+        named = keys.parse_key(record.state.key)
+        if record.learner != learner or not (isinstance(named, keys.LearnerStateKey) and named.blob and named.learner == learner):
+            raise InvalidRecord(f"learner state record at {location} names {record.state.key!r}, not a state of {learner}")
+        return record, self.read_blob(record.state)
 
     # -- retention -----------------------------------------------------------------
     def version_blobs(self, fragment: int) -> dict[int, list[str]]:

@@ -62,6 +62,7 @@ from gradientmail.store import (
     StoredRound,
     VersionDraft,
     live_learners,
+    trains,
 )
 from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
@@ -252,6 +253,11 @@ class SyncerRuntime:
         """The rounds thread's loop (runs ``rounds_pass``)."""
         return self._loop
 
+    def training_learners(self) -> set[str]:
+        """The live learners a round may wait for: those whose lease says they train (an
+        ``"either"`` node serving as the syncer does not)."""
+        return {learner for learner, lease in dict(self.live).items() if trains(lease)}
+
     @property
     def election_loop(self) -> PollingLoop:
         """The election thread's loop (runs ``election_pass``)."""
@@ -434,12 +440,12 @@ class SyncerRuntime:
             current.hurried = True
             self._loop.hurry()
         now = self._clock()
-        everyone = set(self.live) <= current.learners
+        everyone = self.training_learners() <= current.learners
         if everyone and self._pacing.live_set_older_than_a_poll(now):
             # the live set is read once per idle interval: never close a round early on "every
             # live learner is in", nor skip its grace window, on a view older than a poll
             self._read_leases()
-            everyone = set(self.live) <= current.learners
+            everyone = self.training_learners() <= current.learners
         if current.quorum_at is None:
             if len(current.accepted) < self.spec.algorithm.quorum_size and not everyone:
                 return

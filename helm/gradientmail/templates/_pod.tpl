@@ -123,6 +123,11 @@ spec:
         {{- end }}
         {{- end }}
         {{- include "gradientmail.secretEnv" . | nindent 8 }}
+        {{- if and .Values.learners.state.enabled (not .Values.settings.state_dir) }}
+        # the learner state's volume (learners.state): a restarted or retried learner resumes
+        - name: GRADIENTMAIL_STATE_DIR
+          value: {{ .Values.learners.state.mountPath | quote }}
+        {{- end }}
         # the root filesystem is read-only: caches and temporary files go to the emptyDir
         - name: HOME
           value: /tmp
@@ -166,6 +171,10 @@ spec:
         - name: shm
           mountPath: /dev/shm
         {{- end }}
+        {{- if .Values.learners.state.enabled }}
+        - name: state
+          mountPath: {{ .Values.learners.state.mountPath }}
+        {{- end }}
         {{- if or .Values.script.configMap .Values.script.content }}
         - name: script
           mountPath: /opt/gradientmail-script
@@ -186,6 +195,12 @@ spec:
         {{- with .Values.learners.shm.sizeLimit }}
         sizeLimit: {{ . }}
         {{- end }}
+    {{- end }}
+    {{- if and .Values.learners.state.enabled (or .Values.learners.state.existingClaim (eq .Values.learners.mode "job")) }}
+    # the learner state (learners.state): one claim every learner shares, each its own file
+    - name: state
+      persistentVolumeClaim:
+        claimName: {{ .Values.learners.state.existingClaim | default (printf "%s-state" $fullname) }}
     {{- end }}
     {{- if or .Values.script.configMap .Values.script.content }}
     - name: script
