@@ -443,8 +443,25 @@ def test_helm_lint_passes(value_set):
     assert not problems and not report["errors"], report
 
 
+def _supported_minors() -> tuple[str, str]:
+    """The oldest Kubernetes the chart claims (``kubeVersion`` in Chart.yaml) and the newest the
+    validator knows: every value set must validate strictly on both."""
+    claimed = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    match = re.fullmatch(r">=(\d+\.\d+)\.0-0", claimed)
+    assert match, f"kubeVersion {claimed!r}: expected >=MAJOR.MINOR.0-0"
+    newest = subprocess.run([tool("kubernetes-validate"), "--help"], capture_output=True, text=True).stdout
+    default = re.search(r"Defaults to (\d+\.\d+)\.\d+", " ".join(newest.split()))
+    assert default, newest
+    return f"{match[1]}.0", f"{default[1]}.0"
+
+
+SUPPORTED_MINORS = _supported_minors()
+
+
+@pytest.mark.parametrize("kubernetes", SUPPORTED_MINORS)
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
-def test_rendered_manifests_pass_kubernetes_validate_strict(value_set, tmp_path):
+def test_rendered_manifests_pass_kubernetes_validate_strict(value_set, kubernetes, tmp_path):
+    """Every value set, strictly, on the oldest Kubernetes minor the chart claims and the newest."""
     rendered = _render(VALUE_SETS[value_set])
     files = []
     for name, text in rendered.items():
@@ -453,7 +470,7 @@ def test_rendered_manifests_pass_kubernetes_validate_strict(value_set, tmp_path)
         path = tmp_path / name.replace("/", "_")
         path.write_text(text)
         files.append(str(path))
-    result = subprocess.run([tool("kubernetes-validate"), "--strict", *files], capture_output=True, text=True)
+    result = subprocess.run([tool("kubernetes-validate"), "--strict", "-k", kubernetes, *files], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     documents = _documents(rendered)
     passed = 0
@@ -615,6 +632,16 @@ def test_the_learner_state_is_a_claim_per_pod_or_one_shared_claim_in_job_mode():
     own = {**VALUE_SETS["learner-state"], "settings": {"state_dir": "/scratch/state"}}
     variables = _learner_container(_documents(_render(own)))["env"]
     assert [e["value"] for e in variables if e["name"] == "GRADIENTMAIL_STATE_DIR"] == ["/scratch/state"]  # the setting's, once
+
+
+def test_every_monitoring_object_of_the_gpu_pool_carries_the_release_label_its_prometheus_selects():
+    """kube-prometheus-stack's default selectors match its release label on ServiceMonitors and
+    PrometheusRules alike: the worked GPU pool puts it on both (``metrics.labels``)."""
+    documents = _documents(_render(VALUE_SETS["gpu-pool"]))
+    monitoring = [d for d in documents if d["kind"] in CRD_KINDS]
+    assert {d["kind"] for d in monitoring} == CRD_KINDS
+    for document in monitoring:
+        assert document["metadata"]["labels"]["release"] == "kube-prometheus-stack", document["kind"]
 
 
 def test_the_gpu_pool_requests_gpus_and_places_learners():
@@ -971,7 +998,7 @@ def test_job_mode_runs_the_learners_as_an_indexed_job_that_ends():
     # exit 2 (bad settings) and 3 (run mismatch) fail the Job without a retry; evictions don't count
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "FailJob", "onExitCodes": {"containerName": "learner", "operator": "In", "values": [2, 3]}},
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]
     pod = spec["template"]["spec"]
     assert pod["restartPolicy"] == "Never", "the only restartPolicy podFailurePolicy allows"
