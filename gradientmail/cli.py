@@ -29,7 +29,7 @@ from gradientmail import minio_setup
 from gradientmail._version import __version__
 from gradientmail.audit import DigestLog, audit_run
 from gradientmail.backends import get_backend, payload
-from gradientmail.errors import GradientMailError
+from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
@@ -131,20 +131,45 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
             print(hint)
 
 
-def export(url: str, path: str) -> None:
+def _held_version(store: RunStore, fragment: int, version: int, what: str) -> None:
+    """Refuse ``version`` of ``fragment`` when it is not in the mailbox, saying why: never
+    committed, or collected by retention (with the versions still held)."""
+    held = store.committed_versions(fragment)
+    if version in held:
+        return
+    newest = max(held, default=0)
+    if version > newest:
+        raise GradientMailError(f"fragment {fragment} has no {what} {version}: its newest is {newest}")
+    kept = ", ".join(map(str, held[-12:])) + (" …" if len(held) > 12 else "")
+    raise GradientMailError(
+        f"retention collected {what} {version} of fragment {fragment} (the run keeps its newest versions and its "
+        f"checkpoints, docs/operations.md); still held: {kept}"
+    )
+
+
+def export(url: str, path: str, version: int | None = None) -> None:
+    """Write the newest committed model (or every fragment at ``version``) as one safetensors file."""
+    target = Path(path)
+    if target.is_dir():
+        raise GradientMailError(f"export: {path} is a directory; give a file to write, e.g. {target / 'model.safetensors'}")
     with _open_run(url) as (store, spec):
         tensors = {}
         versions = {}
         for fragment in range(len(spec.fragments)):
-            version = store.newest_version(fragment)
-            if version is None:
+            chosen = store.newest_version(fragment) if version is None else version
+            if chosen is None:
                 raise GradientMailError(f"fragment {fragment} has no committed version")
-            tensors.update(store.load_version(spec, fragment, version).params)
-            versions[str(fragment)] = str(version)
+            if version is not None:
+                _held_version(store, fragment, chosen, "version")
+            tensors.update(store.load_version(spec, fragment, chosen).params)
+            versions[str(fragment)] = str(chosen)
     ordered = {p.name: tensors[p.name] for p in spec.manifest.parameters}
     data = payload.encode(ordered, {"run_id": spec.manifest.run_id, **{f"fragment_{k}_version": v for k, v in versions.items()}})
-    with open(path, "wb") as handle:
-        handle.write(data)
+    try:
+        with open(target, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise GradientMailError(f"export: cannot write {path}: {exc.strerror or exc}") from None
     print(f"wrote {len(ordered)} tensors ({len(data):,} bytes) from versions {versions} to {path}")
 
 
@@ -153,11 +178,17 @@ def replay(url: str, fragment: int, version: int | None) -> int:
         version = version if version is not None else store.newest_version(fragment)
         if not version:
             raise GradientMailError(f"fragment {fragment} has no round to replay")
+        _held_version(store, fragment, version, "round")
         record = store.read_round(fragment, version)
         backend = get_backend("numpy")
-        replayed = payload.encode(
-            {n: backend.to_numpy(t) for n, t in replay_round(store, backend, spec, fragment, version).items()}
-        )
+        try:
+            arrays = replay_round(store, backend, spec, fragment, version)
+        except KeyNotFound as exc:
+            raise GradientMailError(
+                f"round {version} of fragment {fragment} cannot be replayed: retention collected its inputs ({exc}); "
+                f"a round replays while it is among the run's newest {spec.retention.audit_rounds} (audit_rounds)"
+            ) from None
+        replayed = payload.encode({n: backend.to_numpy(t) for n, t in arrays.items()})
         same = replayed == store.read_blob(record.params)
     verdict = "matches the committed bytes" if same else "DIFFERS from the committed bytes"
     print(f"fragment {fragment} version {version}: replay {verdict}")
@@ -214,6 +245,10 @@ def node_help_epilog() -> str:
     return f"variables (default in parentheses):\n{describe_variables()}\n\n{NODE_EXIT_CODES}"
 
 
+EXIT_BROKEN_PIPE = 141
+"""What a command whose output pipe closed exits with: a shell's code for a SIGPIPE'd tool."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gradientmail", description="Inspect and export GradientMail runs.")
     parser.add_argument("--version", action="version", version=f"gradientmail {__version__}")
@@ -221,9 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     status_parser = commands.add_parser("status", help="fragments, versions, last rounds, learners, syncer")
     status_parser.add_argument("mailbox")
     status_parser.add_argument("--rounds", type=int, default=3, help="rounds to show per fragment")
-    export_parser = commands.add_parser("export", help="write the newest committed model as safetensors")
+    export_parser = commands.add_parser("export", help="write the newest committed model (or a version) as safetensors")
     export_parser.add_argument("mailbox")
     export_parser.add_argument("file")
+    export_parser.add_argument(
+        "--version", type=int, default=None, help="every fragment at this committed version (a checkpoint) instead of the newest"
+    )
     replay_parser = commands.add_parser("replay", help="recompute a round from its inputs and compare bytes")
     replay_parser.add_argument("mailbox")
     replay_parser.add_argument("--fragment", type=int, required=True)
@@ -269,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "status":
             status(args.mailbox, args.rounds)
         elif args.command == "export":
-            export(args.mailbox, args.file)
+            export(args.mailbox, args.file, args.version)
         elif args.command == "audit":
             return audit(args.mailbox, args.digest_log)
         elif args.command == "keygen":
@@ -283,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GradientMailError as exc:
         print(f"gradientmail: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gradientmail status | head`: the reader left; say nothing more
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's own flush at exit stays quiet
+        return EXIT_BROKEN_PIPE
     return 0
 
 

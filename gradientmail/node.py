@@ -58,11 +58,13 @@ merged, rejected and the round's timings) shows in ``docker compose logs`` and `
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import runpy
 import signal
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from types import FrameType
 
@@ -218,14 +220,45 @@ def health_main() -> int:
     return 0 if healthy else 1
 
 
+class JsonLogFormatter(logging.Formatter):
+    """One JSON object per record (``GRADIENTMAIL_LOG_FORMAT=json``), for log pipelines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str = "INFO", log_format: str = "text") -> None:
+    """The node's logging: ``level`` for the ``gradientmail`` loggers (even where something
+    configured logging first), text or JSON lines on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonLogFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        root.removeHandler(existing)
+    root.addHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("gradientmail").setLevel(level)
+
+
 def main() -> int:
     """``gradientmail node``: settings from the environment, then :func:`run_node`; the exit code
     says what happened (see the module's docstring)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
-    logging.getLogger("gradientmail").setLevel(logging.INFO)  # INFO even where something configured logging first
+    configure_logging()
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         settings = NodeSettings.from_env()
+        configure_logging(settings.log_level, settings.log_format)
         if settings.learner_id is None:  # the session would pick the same; the metrics' node label needs it now
             settings = NodeSettings.from_env(learner_id=default_learner_id())
         return run_node(settings)

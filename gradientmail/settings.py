@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, ValidationError
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -158,6 +158,11 @@ class NodeSettings(BaseSettings):
     the standard ``OTEL_EXPORTER_OTLP_*`` variables."""
     metrics_address: str = "0.0.0.0"
     """Address the Prometheus endpoint binds to."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Lowest level ``gradientmail node`` logs (any case: ``debug`` is ``DEBUG``)."""
+    log_format: Literal["text", "json"] = "text"
+    """``text``: a line per event for people; ``json``: one JSON object per line (``time``,
+    ``level``, ``logger``, ``message``, and ``exception`` with its traceback) for log pipelines."""
 
     lease_ttl_s: float = _SESSION.lease_ttl_s
     """Seconds without renewal after which a learner or the syncer counts as dead (the run's first
@@ -198,6 +203,11 @@ class NodeSettings(BaseSettings):
     steps: int | None = Field(default=None, ge=0)
     """Local steps to train. The default job (``demo.worker``) uses it (default: the demo's); a
     user's script may read it from ``NodeSettings.from_env().steps``."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _level_in_any_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @classmethod
     def settings_customise_sources(

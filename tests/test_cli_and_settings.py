@@ -4,9 +4,11 @@ help and exit codes."""
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
 import re
+import shlex
 import subprocess
 import sys
 import uuid
@@ -22,6 +24,7 @@ from gradientmail._version import __version__
 from gradientmail.cli import main
 from gradientmail.records.auth import generate_run_key
 from gradientmail.settings import ALLOWED_VARIABLES, NodeSettings, check_environment, variable_name
+from gradientmail.store import RunStore
 from tests.run_procs import ROOT, start_learner
 
 
@@ -343,3 +346,72 @@ def test_the_node_runs_its_job_again_after_a_retryable_store_error(
     assert importlib.import_module(name).calls == calls
     retries = [r.getMessage() for r in caplog.records if "running the job again" in r.getMessage()]
     assert len(retries) == (min(failures, 2) if "Unavailable" in error else 0)
+
+
+# -- the small things a stranger meets first ------------------------------------------------------
+
+
+def test_the_node_logs_json_lines_at_the_level_asked(existing_run, tmp_path):
+    """GRADIENTMAIL_LOG_FORMAT=json: every line on stderr is one JSON object; GRADIENTMAIL_LOG_LEVEL
+    takes any case, and WARNING leaves out the node's INFO lines."""
+    ran = _node(
+        tmp_path, **existing_run, GRADIENTMAIL_SYNC_EVERY="3", GRADIENTMAIL_LOG_FORMAT="json", GRADIENTMAIL_LOG_LEVEL="info"
+    )
+    assert ran.returncode == 0, ran.stderr
+    entries = [json.loads(line) for line in ran.stderr.splitlines() if line.strip()]
+    assert entries and all({"time", "level", "logger", "message"} <= set(e) for e in entries)
+    assert any(e["logger"].startswith("gradientmail") and e["level"] == "INFO" for e in entries)
+    quiet = _node(tmp_path, **existing_run, GRADIENTMAIL_SYNC_EVERY="3", GRADIENTMAIL_LOG_LEVEL="warning")
+    assert quiet.returncode == 0 and " INFO " not in quiet.stderr, quiet.stderr
+    wrong = _node(tmp_path, **existing_run, GRADIENTMAIL_LOG_LEVEL="loud")
+    assert wrong.returncode == 2 and "log_level" in wrong.stderr, wrong.stderr
+
+
+def test_status_into_a_pipe_that_closes_early_says_nothing_more(finished_run):
+    """`gradientmail status URL | head -1`: no traceback, exit 141 (a tool stopped by SIGPIPE)."""
+    url, _, _ = finished_run
+    ran = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m gradientmail.cli status {shlex.quote(url)} --rounds 50 | head -c 1; "
+        'echo " ${PIPESTATUS[0]}"',
+        shell=True, executable="/bin/bash", cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert "Traceback" not in ran.stderr and "BrokenPipe" not in ran.stderr, ran.stderr
+    assert ran.stdout.split()[-1] in ("141", "0")  # 0 when the whole status fitted the pipe's buffer
+
+
+def test_export_refuses_a_directory_and_exports_a_chosen_version(finished_run, tmp_path, capsys):
+    url, _, _ = finished_run
+    assert main(["export", url, str(tmp_path)]) == 2
+    assert "is a directory; give a file to write" in capsys.readouterr().err
+    target = tmp_path / "v2.safetensors"
+    assert main(["export", url, str(target), "--version", "2"]) == 0
+    assert "'0': '2'" in capsys.readouterr().out
+    store = RunStore(gm.FileMailbox(Path(url.removeprefix("file://"))))
+    spec = store.read_spec()
+    exported = load_file(str(target))
+    for fragment in range(len(spec.fragments)):
+        for name, array in store.load_version(spec, fragment, 2).params.items():
+            np.testing.assert_array_equal(exported[name], array)
+    assert main(["export", url, str(target), "--version", "100000"]) == 2
+    assert "has no version 100000: its newest is" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def collected_run(tmp_path_factory):
+    """A finished run whose retention kept 3 versions (audit window 2): early rounds are gone."""
+    workdir = tmp_path_factory.mktemp("collected")
+    url = f"file://{workdir / 'box'}"
+    args = ["--steps", "80", "--wait-for", "2", "--end-together", "2", "--ttl", "1.0", "--poll", "0.05", "--keep-versions", "3"]
+    learners = [start_learner(url, f"n{i}", workdir, "--seed", str(i), *args) for i in range(2)]
+    for learner in learners:
+        learner.wait()
+    return url
+
+
+def test_replay_and_export_of_a_collected_round_say_retention_collected_it(collected_run, capsys):
+    assert main(["replay", collected_run, "--fragment", "0", "--version", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "retention collected round 1 of fragment 0" in err and "still held:" in err, err
+    assert main(["export", collected_run, "/dev/null", "--version", "1"]) == 2
+    assert "retention collected version 1 of fragment 0" in capsys.readouterr().err
+    assert main(["replay", collected_run, "--fragment", "0"]) == 0  # the newest round still replays
