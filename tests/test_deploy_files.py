@@ -642,6 +642,8 @@ def test_every_monitoring_object_of_the_gpu_pool_carries_the_release_label_its_p
     assert {d["kind"] for d in monitoring} == CRD_KINDS
     for document in monitoring:
         assert document["metadata"]["labels"]["release"] == "kube-prometheus-stack", document["kind"]
+    (dashboards,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert dashboards["metadata"]["namespace"] == "monitoring"  # where the sidecar looks by default
 
 
 def test_the_gpu_pool_requests_gpus_and_places_learners():
