@@ -43,6 +43,9 @@ def m(name: str, extra: str = "") -> str:
 
 
 F = 'fragment=~"$fragment"'
+PUT_CLASS = 'operation=~"put|create|swap|list"'
+GET_CLASS = 'operation=~"get|get_versioned|head|exists"'
+NOT_OK = 'outcome!="ok"'
 L = 'learner="$learner"'
 RATE = "[$__rate_interval]"
 
@@ -427,6 +430,68 @@ def _rounds_layout() -> list[Row | Panel]:
                 ),
                 24,
                 unit="Bps",
+            ),
+        ),
+        *row_panels(
+            "Mailbox requests",
+            Panel(
+                "timeseries",
+                "Requests per second by operation",
+                "Every node's requests to the mailbox (gradientmail_mailbox_requests_total), all outcomes.",
+                ((f"sum by (operation) (rate({m('gradientmail_mailbox_requests_total')}{RATE}))", "{{operation}}"),),
+                8,
+            ),
+            Panel(
+                "timeseries",
+                "Requests per committed round",
+                "Mailbox requests of every node divided by the rounds committed, over the same window.",
+                (
+                    (
+                        f"sum(rate({m('gradientmail_mailbox_requests_total')}{RATE}))"
+                        f" / sum(rate({m('gradientmail_rounds_committed_total')}{RATE}))",
+                        "requests per round",
+                    ),
+                ),
+                8,
+            ),
+            Panel(
+                "timeseries",
+                "Request cost per day at S3 list prices",
+                "USD per day at AWS S3 Standard list prices (put, create, swap, list at $0.005 per 1,000; "
+                "get, head at $0.0004; delete free). A lower bound: a large put is several S3 requests, "
+                "a long list several pages.",
+                (
+                    (
+                        f"86400 * (0.000005 * sum(rate({m('gradientmail_mailbox_requests_total', PUT_CLASS)}{RATE}))"
+                        f" + 0.0000004 * sum(rate({m('gradientmail_mailbox_requests_total', GET_CLASS)}{RATE})))",
+                        "USD/day",
+                    ),
+                ),
+                8,
+                unit="currencyUSD",
+                decimals=2,
+            ),
+            Panel(
+                "timeseries",
+                "Requests not ok, by outcome",
+                "Per second: not_found is mostly normal (polling for what is not there yet); exists and conflict "
+                "are lost create-once and compare-and-swap races; error is the store failing.",
+                ((f"sum by (outcome) (rate({m('gradientmail_mailbox_requests_total', NOT_OK)}{RATE}))", "{{outcome}}"),),
+                12,
+            ),
+            Panel(
+                "timeseries",
+                "Mean request latency by operation",
+                "Seconds per request: request time divided by requests, over the window.",
+                (
+                    (
+                        f"sum by (operation) (rate({m('gradientmail_mailbox_request_time_seconds_total')}{RATE}))"
+                        f" / sum by (operation) (rate({m('gradientmail_mailbox_requests_total')}{RATE}))",
+                        "{{operation}}",
+                    ),
+                ),
+                12,
+                unit="s",
             ),
         ),
     ]

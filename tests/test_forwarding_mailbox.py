@@ -15,9 +15,13 @@ import inspect
 import pkgutil
 from importlib import import_module
 
+import pytest
+
 import gradientmail.mailbox
-from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox
+from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
+from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox, MemoryMailbox, MeteredMailbox, MinioMailbox, S3Mailbox
 from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet
+from gradientmail.mailbox.metered import OPERATIONS
 
 PROTOCOL = frozenset(name for name in vars(Mailbox) if not name.startswith("_"))
 """The operations every store has (``url`` included), which ``ForwardingMailbox`` always defines."""
@@ -137,3 +141,37 @@ def test_a_subclass_keeps_its_own_capability_and_a_plain_store_gets_none() -> No
     assert Own(_Hashing()).get_sha256("k") == (b"", "own")
     assert not isinstance(ForwardingMailbox(MemoryMailbox()), HashingGet)
     assert not hasattr(ForwardingMailbox(MemoryMailbox()), "get_sha256")
+
+
+def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailbox: Mailbox) -> None:
+    """``MeteredMailbox`` (every node's request metrics) against every real store: what each
+    request was and how it ended, the inner store's hashed read kept (and counted as a get)."""
+    metered = MeteredMailbox(mailbox)
+    assert isinstance(metered, HashingGet) == isinstance(mailbox, HashingGet)
+    token = metered.create("m/record", b"first")
+    with pytest.raises(RecordExists):
+        metered.create("m/record", b"again")
+    with pytest.raises(VersionConflict):
+        metered.swap("m/record", b"second", token + "0" if not token.endswith("0") else token + "1")
+    metered.swap("m/record", b"second", token)
+    with pytest.raises(KeyNotFound):
+        metered.get("m/missing")
+    assert metered.get("m/record") == b"second" and metered.list("m/") == ["m/record"]
+    if isinstance(metered, HashingGet):
+        assert metered.get_sha256("m/record")[1] == hashlib.sha256(b"second").hexdigest()
+    metered.delete("m/record")
+    counts = {key: value for key, value in metered.counts.requests().items() if value}
+    assert set(metered.counts.requests()) >= {(op, outcome) for op in OPERATIONS for outcome in ("ok", "error")}  # zeros first
+    expected_gets = 2 if isinstance(mailbox, HashingGet) else 1
+    assert counts == {
+        ("create", "ok"): 1,
+        ("create", "exists"): 1,
+        ("swap", "conflict"): 1,
+        ("swap", "ok"): 1,
+        ("get", "not_found"): 1,
+        ("get", "ok"): expected_gets,
+        ("list", "ok"): 1,
+        ("delete", "ok"): 1,
+    }
+    seconds = metered.counts.seconds()
+    assert set(seconds) == set(metered.counts.requests()) and all(value >= 0 for value in seconds.values())

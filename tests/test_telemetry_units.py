@@ -24,7 +24,9 @@ from gradientmail.telemetry.catalogue import PHASES
 from tests.fake_clock import FakeClock
 from tests.telemetry_tools import ROOT, http_get, start_sessions
 
-BOUNDED_LABELS = {"run", "fragment", "learner", "node", "holder", "reason", "phase", "kind"}
+BOUNDED_LABELS = {"run", "fragment", "learner", "node", "holder", "reason", "phase", "kind", "operation", "outcome"}
+"""Labels whose values come from a fixed set or the run's own size (``operation`` and ``outcome``:
+``mailbox.metered.OPERATIONS`` and its outcomes)."""
 
 
 @pytest.fixture(autouse=True)

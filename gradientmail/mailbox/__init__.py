@@ -10,6 +10,7 @@ from gradientmail.mailbox.base import ForwardingMailbox, Mailbox, ObjectInfo
 from gradientmail.mailbox.directory import FileMailbox
 from gradientmail.mailbox.keys import validate_key
 from gradientmail.mailbox.memory import MemoryMailbox
+from gradientmail.mailbox.metered import MeteredMailbox, RequestCounts
 from gradientmail.mailbox.minio import MinioMailbox
 from gradientmail.mailbox.s3 import S3Mailbox, S3Tuning
 from gradientmail.mailbox.url import open_mailbox
@@ -18,6 +19,8 @@ __all__ = [
     "Mailbox",
     "ObjectInfo",
     "ForwardingMailbox",
+    "MeteredMailbox",
+    "RequestCounts",
     "MemoryMailbox",
     "FileMailbox",
     "S3Mailbox",

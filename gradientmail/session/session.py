@@ -22,7 +22,7 @@ from gradientmail.algorithms import align, schedule
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, Tensor, backend_for, get_backend
 from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
-from gradientmail.mailbox import Mailbox, open_mailbox
+from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
@@ -242,7 +242,8 @@ class Session:
         key = run_key if isinstance(run_key, RunKey) else RunKey(run_key) if run_key is not None else RunKey.from_env()
         self.stats = SessionStats()
         self._owns_mailbox = isinstance(mailbox, str)
-        self._mailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
+        self._mailbox = MeteredMailbox(open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox)
+        """Every request this node makes, counted (``mailbox/metered.py``: the request metrics)."""
         self._store = RunStore(self._mailbox, key)
         self._changed = threading.Condition()
         self._attention = False
@@ -765,6 +766,11 @@ class Session:
     def syncer(self) -> SyncerRuntime | None:
         """This node's syncer runtime while the session is open (None with ``run_syncer=False``)."""
         return self._run.loops.syncer if self._run is not None else None
+
+    @property
+    def request_counts(self) -> RequestCounts:
+        """This node's mailbox requests so far, by operation and outcome (the request metrics)."""
+        return self._mailbox.counts
 
     @property
     def bytes_published(self) -> int:

@@ -24,7 +24,7 @@ from types import TracebackType
 
 from gradientmail.backends import Backend, get_backend
 from gradientmail.errors import InvalidConfig, InvalidKey
-from gradientmail.mailbox import Mailbox, open_mailbox
+from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_mailbox
 from gradientmail.records import check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import checked_manifest
@@ -73,7 +73,8 @@ class SyncerNode:
         self.wait_for_run_s = wait_for_run_s
         key = run_key if isinstance(run_key, RunKey) else RunKey(run_key) if run_key is not None else RunKey.from_env()
         self._owns_mailbox = isinstance(mailbox, str)
-        self._mailbox = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
+        self._mailbox = MeteredMailbox(open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox)
+        """Every request this node makes, counted (``mailbox/metered.py``: the request metrics)."""
         self.store = RunStore(self._mailbox, key)
         self.syncer: SyncerRuntime | None = None
         self._closed = threading.Event()
@@ -84,6 +85,11 @@ class SyncerNode:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    @property
+    def request_counts(self) -> RequestCounts:
+        """This node's mailbox requests so far, by operation and outcome (the request metrics)."""
+        return self._mailbox.counts
 
     @property
     def commits(self) -> int:

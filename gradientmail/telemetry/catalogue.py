@@ -257,5 +257,22 @@ LEARNER_REBUILD_FALLBACKS = _spec(
     "Compact updates that did not rebuild the committed bytes; the full parameters were read instead.",
 )
 
+# -- every node: its mailbox requests (mailbox/metered.py) --------------------------------------
+MAILBOX_REQUESTS = _spec(
+    "gradientmail.mailbox.requests",
+    "counter",
+    "{request}",
+    (*N, "operation", "outcome"),
+    "Requests this node made to the mailbox, by operation (get, put, create, swap, list, ...) and outcome "
+    "(ok, not_found, exists, conflict, too_large, error).",
+)
+MAILBOX_REQUEST_SECONDS = _spec(
+    "gradientmail.mailbox.request.time",
+    "counter",
+    "s",
+    (*N, "operation", "outcome"),
+    "Seconds those requests took, in all: divided by the requests, their mean latency.",
+)
+
 METRICS: tuple[MetricSpec, ...] = tuple(v for v in list(globals().values()) if isinstance(v, MetricSpec))
 """Every metric, in the order above."""

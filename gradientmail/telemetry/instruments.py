@@ -17,6 +17,7 @@ from opentelemetry.metrics import CallbackOptions, Meter, Observation
 from opentelemetry.trace import Tracer
 from opentelemetry.util.types import AttributeValue
 
+from gradientmail.mailbox import MeteredMailbox, RequestCounts
 from gradientmail.records import RoundRecord
 from gradientmail.telemetry import catalogue as c
 from gradientmail.telemetry import hooks
@@ -96,6 +97,8 @@ class MetricsRecorder:
         self._observe(c.LEARNER_FETCHED, _per_learner(lambda s: s.bytes_fetched))
         self._observe(c.LEARNER_REBUILT, _per_learner(lambda s: s.rebuilt_commits))
         self._observe(c.LEARNER_REBUILD_FALLBACKS, _per_learner(lambda s: s.rebuild_fallbacks))
+        self._observe(c.MAILBOX_REQUESTS, lambda: _requests(lambda counts: counts.requests()))
+        self._observe(c.MAILBOX_REQUEST_SECONDS, lambda: _requests(lambda counts: counts.seconds()))
 
     # -- events from the syncer thread -------------------------------------------------------
     def syncer_attached(self, runtime: Any) -> None:
@@ -202,6 +205,31 @@ def _per_learner(value: Callable[[Any], float]) -> Reading:
 
 def _per_node(value: Callable[[Any], float]) -> Reading:
     return lambda: ((value(r), _node(r)) for r in hooks.syncers())
+
+
+def _request_counters() -> Iterable[tuple[RequestCounts, dict[str, str]]]:
+    """Each node's mailbox request counts, once: a session's (its syncer runtime shares its
+    mailbox) and a dedicated syncer's."""
+    seen: set[int] = set()
+    owners = [(s.request_counts, {c.RUN_LABEL: _run_id(s), "node": s.learner_id}) for s in hooks.sessions()]
+    for runtime in hooks.syncers():
+        mailbox = runtime.store.mailbox
+        if isinstance(mailbox, MeteredMailbox):
+            owners.append((mailbox.counts, _node(runtime)))
+    for counts, labels in owners:
+        if id(counts) not in seen:
+            seen.add(id(counts))
+            yield counts, labels
+
+
+def _requests(
+    reading: Callable[[RequestCounts], dict[tuple[str, str], float] | dict[tuple[str, str], int]],
+) -> Iterable[tuple[float, dict[str, str]]]:
+    return (
+        (value, {**labels, "operation": operation, "outcome": outcome})
+        for counts, labels in _request_counters()
+        for (operation, outcome), value in reading(counts).items()
+    )
 
 
 def _lease_ages() -> Iterable[tuple[float, dict[str, str]]]:
