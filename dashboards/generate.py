@@ -541,6 +541,23 @@ def _learner_layout() -> list[Row | Panel]:
             ),
         ),
         *row_panels(
+            "Training",
+            Panel(
+                "timeseries",
+                "Reported scalars",
+                "What the training loop reported with session.report(name=value): loss, learning rate, ...",
+                ((f"max by (name) ({m('gradientmail_learner_reported', L)})", "{{name}}"),),
+                12,
+            ),
+            Panel(
+                "timeseries",
+                "Samples (or tokens) per second",
+                "The samples this learner passed to step(), per second.",
+                ((rate("gradientmail_learner_samples_total"), "samples/s"),),
+                12,
+            ),
+        ),
+        *row_panels(
             "Versions",
             Panel(
                 "timeseries",

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
             updated = {n: current[n] - 0.05 * (current[n] - target[n]) + noise[n] for n in SHAPES}
             backend.write_parameters(model, {n: backend.from_numpy(v) for n, v in updated.items()})
             session.step(samples=args.batch)
+            session.report(loss=float(np.mean([np.mean((updated[n] - target[n]) ** 2) for n in SHAPES])))
             if step % 10 == 0:
                 print(
                     json.dumps({"event": "step", "learner": args.learner_id, "step": step, "versions": dict(session.versions)}),

@@ -80,3 +80,21 @@ def test_torchrun_learner_trains_one_learner_of_two_ranks(tmp_path):
     from gradientmail.store import RunStore
 
     assert RunStore(FileMailbox(tmp_path / "mailbox")).learners_with_leases() == ["a"]
+
+
+def test_the_tensorboard_learner_writes_its_reported_scalars_and_alignments(tmp_path):
+    """examples/tensorboard_learner.py: a listener turns session.report() and alignments into
+    TensorBoard scalars, read back here with TensorBoard's own event reader."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    command = [sys.executable, "examples/tensorboard_learner.py", "--mailbox", f"file://{tmp_path / 'box'}"]
+    command += ["--logdir", str(tmp_path / "tb"), "--steps", "60"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    events = EventAccumulator(str(tmp_path / "tb" / "tb-0"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"loss", "lr", "samples_per_s"} <= tags
+    assert any(tag.startswith("gradientmail/aligned_version/") for tag in tags)
+    losses = events.Scalars("loss")
+    assert len(losses) == 60 and losses[-1].step == 60 and losses[-1].value < losses[0].value

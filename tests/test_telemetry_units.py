@@ -24,9 +24,10 @@ from gradientmail.telemetry.catalogue import PHASES
 from tests.fake_clock import FakeClock
 from tests.telemetry_tools import ROOT, http_get, start_sessions
 
-BOUNDED_LABELS = {"run", "fragment", "learner", "node", "holder", "reason", "phase", "kind", "operation", "outcome"}
+BOUNDED_LABELS = {"run", "fragment", "learner", "node", "holder", "reason", "phase", "kind", "operation", "outcome", "name"}
 """Labels whose values come from a fixed set or the run's own size (``operation`` and ``outcome``:
-``mailbox.metered.OPERATIONS`` and its outcomes)."""
+``mailbox.metered.OPERATIONS`` and its outcomes; ``name``: a session's reported scalars, at most
+``session.events.REPORTED_NAMES_LIMIT``)."""
 
 
 @pytest.fixture(autouse=True)

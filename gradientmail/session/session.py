@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
@@ -25,6 +25,7 @@ from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
+from gradientmail.session.events import Listeners, ReportedScalars, SessionEvent
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.group import detect_group, unwrap_model
 from gradientmail.session.join import RunProposal, join_run, newest_readable
@@ -257,6 +258,9 @@ class Session:
         self._queue_marks: dict[str, dict[int, int]] = {}
         """Per work queue, unit → ``total_steps`` when this learner got it (saved with the state)."""
         self._queues: list[WorkQueue] = []
+        self._listeners = Listeners()
+        self.reported = ReportedScalars()
+        """The newest value of each scalar ``report()`` was given (the ``gradientmail_learner_reported`` gauges)."""
         self.steps_before = 0
         """Steps this learner trained in the run before this session (restored from ``state_dir``)."""
 
@@ -374,6 +378,19 @@ class Session:
         """Before reading a fragment of the model: on rank 0 of an FSDP group, gather it."""
         if self.group is not None:
             self.group.gather(sorted(names))
+
+    def report(self, **scalars: float) -> None:
+        """Report scalars of the user's own (``loss=…``, ``lr=…``, ``tokens_per_s=…``): kept as the
+        newest value of each (exported as ``gradientmail_learner_reported{name=…}``) and handed to
+        the listeners (``session/events.py``). Any thread; cheap (no I/O)."""
+        kept = self.reported.update(scalars)
+        if self._listeners:
+            self._listeners.emit(SessionEvent("reported", self.stats.steps, self.total_steps, scalars=kept))
+
+    def add_listener(self, callback: Callable[[SessionEvent], object]) -> None:
+        """Call ``callback(event)`` for every :class:`~gradientmail.session.events.SessionEvent`
+        (reported scalars, published contributions, alignments), on the thread that caused it."""
+        self._listeners.add(callback)
 
     def _save_state_if_due(self) -> None:
         if self._state is not None and self.total_steps % self.options.save_state_every == 0:
@@ -589,6 +606,10 @@ class Session:
         run.next_due = min(f.due_step for f in run.fragments)
         self.stats.alignments += 1
         self.stats.versions[commit.fragment] = commit.version
+        if self._listeners:
+            self._listeners.emit(
+                SessionEvent("aligned", self.stats.steps, self.total_steps, fragment=commit.fragment, version=commit.version)
+            )
 
     def _apply(self, state: LearnerFragment, commit: Commit, action: align.AlignAction) -> None:
         """Write the model's side of an alignment: the commit (blended under ``mixing`` when not
@@ -635,6 +656,10 @@ class Session:
         run.loops.exchange.publish(state.outstanding)
         state.half_period_pending = False
         self.stats.contributions += 1
+        if self._listeners:
+            self._listeners.emit(
+                SessionEvent("published", self.stats.steps, self.total_steps, fragment=fragment, version=state.anchor_version)
+            )
 
     def _wait_for_commit(
         self, run: _Running, fragment: int, base_version: int, deadline: float | None = None, watch: SyncerWatch | None = None

@@ -257,6 +257,14 @@ LEARNER_REBUILD_FALLBACKS = _spec(
     "Compact updates that did not rebuild the committed bytes; the full parameters were read instead.",
 )
 
+LEARNER_REPORTED = _spec(
+    "gradientmail.learner.reported",
+    "gauge",
+    "1",
+    (*L, "name"),
+    "The newest value of each scalar the training loop reported with session.report(name=value) (loss, lr, ...).",
+)
+
 # -- every node: its mailbox requests (mailbox/metered.py) --------------------------------------
 MAILBOX_REQUESTS = _spec(
     "gradientmail.mailbox.requests",

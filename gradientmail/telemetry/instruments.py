@@ -97,6 +97,14 @@ class MetricsRecorder:
         self._observe(c.LEARNER_FETCHED, _per_learner(lambda s: s.bytes_fetched))
         self._observe(c.LEARNER_REBUILT, _per_learner(lambda s: s.rebuilt_commits))
         self._observe(c.LEARNER_REBUILD_FALLBACKS, _per_learner(lambda s: s.rebuild_fallbacks))
+        self._observe(
+            c.LEARNER_REPORTED,
+            lambda: (
+                (value, {**_learner(s), "name": name})
+                for s in hooks.sessions()
+                for name, value in dict(s.reported.values).items()
+            ),
+        )
         self._observe(c.MAILBOX_REQUESTS, lambda: _requests(lambda counts: counts.requests()))
         self._observe(c.MAILBOX_REQUEST_SECONDS, lambda: _requests(lambda counts: counts.seconds()))
 
