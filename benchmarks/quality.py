@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -153,11 +153,15 @@ def gradientmail_arm(
     config: GPTConfig = DEFAULT_CONFIG,
     s3: S3Endpoint | None = None,
     algorithm: gm.DiLoCo | None = None,
+    worker_args: Sequence[Sequence[str]] | None = None,
+    beside: Callable[[str], subprocess.Popen[str]] | None = None,
 ) -> Arm:
     """Real learner processes (one per entry of ``sleeps``, each sleeping that long after every
     step, training ``steps`` steps or its own entry of them) through a directory mailbox, or a
     bucket prefix of ``s3``; the committed model is evaluated here. ``algorithm`` replaces
-    ``gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)``."""
+    ``gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)``. ``worker_args``: more arguments
+    of each learner's ``demo.worker``; ``beside``: a process started with the mailbox URL next
+    to the learners (a dedicated syncer) and stopped with SIGTERM once they are done."""
     if algorithm is None:
         algorithm = gm.DiLoCo(sync_every=sync_every, fragments=1, **knobs)
     learner_steps = [steps] * len(sleeps) if isinstance(steps, int) else list(steps)
@@ -167,6 +171,7 @@ def gradientmail_arm(
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(s3.env if s3 is not None else {})}
     started = time.monotonic()
     processes = []
+    side = beside(url) if beside is not None else None
     for index, sleep in enumerate(sleeps):
         command = [
             sys.executable, "-m", "demo.worker", "--mailbox", url, "--learner-id", f"learner-{index + 1}",
@@ -174,10 +179,14 @@ def gradientmail_arm(
             "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
             "--model", json.dumps(asdict(config)),
             "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
+            *(worker_args[index] if worker_args is not None else []),
         ]  # fmt: skip
         log = (workdir / f"learner-{index + 1}.log").open("w")
         processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True))
     outputs = [process.communicate()[0] for process in processes]
+    if side is not None:
+        side.terminate()
+        side.wait(timeout=60)
     events = [[json.loads(line) for line in output.splitlines() if line.startswith("{")] for output in outputs]
     wall = time.monotonic() - started
     for index, process in enumerate(processes):

@@ -56,6 +56,8 @@ class WorkerConfig:
     stop_file: str | None = None
     """Stop early once this file exists (the launcher's signal to a slow learner)."""
     run_syncer: bool = True
+    role: str = "both"
+    """``SessionOptions.role``: ``both``, ``learner`` (as ``--no-syncer``) or ``either``."""
     niceness: int = 0
     """Lower this process's CPU priority by this much (the launcher's way to share few cores)."""
     outer_lr: float = settings.OUTER_LR
@@ -104,6 +106,9 @@ def parse_args(argv: Sequence[str] | None = None) -> WorkerConfig:
     parser.add_argument("--report-every", type=int, default=settings.REPORT_EVERY)
     parser.add_argument("--stop-file", help="stop training early once this file exists")
     parser.add_argument("--no-syncer", dest="run_syncer", action="store_false", help="never act as the run's syncer")
+    parser.add_argument(
+        "--role", choices=["both", "learner", "either"], default="both", help="this node's role (docs/session.md)"
+    )
     parser.add_argument("--niceness", type=int, default=0, help="lower this process's CPU priority by this much")
     parser.add_argument(
         "--outer-lr", type=float, default=settings.OUTER_LR, help="Nesterov outer learning rate, shared by the run"
@@ -190,7 +195,7 @@ def run(config: WorkerConfig) -> float:
         quorum_size=config.quorum,
         merge=gm.Rda() if config.merge == "rda" else gm.WeightedMean(),
     )
-    options = config.options or gm.SessionOptions(run_syncer=config.run_syncer)
+    options = config.options or gm.SessionOptions(run_syncer=config.run_syncer, role=config.role)
     stop_file = config.stop_file
     local_val_loss: float | None = None
     retention = config.retention
