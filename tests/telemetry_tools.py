@@ -298,6 +298,7 @@ def start_sessions(mailbox: object, names: list[str], steps: int, *, quorum: int
                     for tensor in model.values():
                         tensor += 0.01 * rng.standard_normal(tensor.shape).astype(np.float32)
                     session.step(samples=4)
+                    session.report(loss=float(np.mean([np.square(t).mean() for t in model.values()])))  # the loop's own scalar
                     time.sleep(step_sleep_s)
         except BaseException as exc:  # surfaced by join()
             run.errors.append(exc)

@@ -17,6 +17,8 @@ def test_exported_names_stay_as_documented() -> None:
             "Mailbox",
             "ObjectInfo",
             "ForwardingMailbox",
+            "MeteredMailbox",
+            "RequestCounts",
             "MemoryMailbox",
             "FileMailbox",
             "S3Mailbox",
