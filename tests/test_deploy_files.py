@@ -780,7 +780,50 @@ def test_the_dashboards_and_rules_are_the_projects_files():
     expected = {path.name: path.read_text() for path in (ROOT / "dashboards/grafana").glob("*.json")}
     assert expected and configmap["data"] == expected
     (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
-    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
+    assert rule["spec"] == _project_rules(stalled_after="25m")  # sync_every 500 x 1 s x 3
+
+
+def _project_rules(stalled_after: str = "15m", runbook: str | None = None) -> dict[str, Any]:
+    """dashboards/prometheus/gradientmail.rules.yaml as the chart renders it: the stalled window
+    put in, and with ``runbook`` each alert's runbook_url."""
+    rules = yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            if rule.get("alert") == "GradientMailRoundsStalled":
+                rule["expr"] = rule["expr"].replace("[15m]", f"[{stalled_after}]")
+                rule["annotations"]["summary"] = rule["annotations"]["summary"].replace("15 minutes", stalled_after)
+            if "alert" in rule and runbook is not None:
+                anchor = re.search(r"docs/observability\.md#([a-z0-9-]+)", rule["annotations"]["description"])
+                assert anchor, rule["alert"]
+                rule["annotations"]["runbook_url"] = f"{runbook}#{anchor[1]}"
+    return rules
+
+
+def test_alert_thresholds_scale_with_the_run_and_carry_runbook_links():
+    """GradientMailRoundsStalled waits 3 x sync_every x stepSeconds (at least 15 minutes) or the
+    window given; runbookUrl gives every alert a runbook_url to its section, which exists."""
+
+    def rule_of(values: dict[str, Any]) -> dict[str, Any]:
+        (rule,) = [d for d in _documents(_render(values)) if d["kind"] == "PrometheusRule"]
+        return rule["spec"]
+
+    enabled = {"metrics": {"prometheusRule": {"enabled": True}}}
+    assert rule_of(enabled) == _project_rules()  # sync_every 100 x 1 s x 3 = 5 min: the 15-minute floor
+    slow = {**enabled, "settings": {"sync_every": 500}, "metrics": {"prometheusRule": {"enabled": True, "stepSeconds": 2.5}}}
+    assert rule_of(slow) == _project_rules(stalled_after="63m")  # 3 x 500 x 2.5 s = 62.5 min, up
+    runbook = "https://git.example.org/gm/-/blob/main/docs/observability.md"
+    given = {"metrics": {"prometheusRule": {"enabled": True, "roundsStalledAfter": "2h", "runbookUrl": runbook + "/"}}}
+    assert rule_of(given) == _project_rules(stalled_after="2h", runbook=runbook)
+    headings = {
+        re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-")
+        for h in re.findall(r"^#+ (.+)$", (ROOT / "docs/observability.md").read_text(), re.M)
+    }
+    for group in rule_of(given)["groups"]:
+        for rule in group["rules"]:
+            if "alert" in rule:
+                assert rule["annotations"]["runbook_url"].rsplit("#", 1)[1] in headings, rule["alert"]
+    with pytest.raises(helm_python.HelmError, match="roundsStalledAfter"):
+        _render({"metrics": {"prometheusRule": {"enabled": True, "roundsStalledAfter": "15 minutes"}}})
 
 
 def _run_key_secrets(documents: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -1089,7 +1132,7 @@ def test_the_packaged_chart_renders_from_anywhere(tmp_path):
     (configmap,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
     assert configmap["data"] == {p.name: p.read_text() for p in (ROOT / "dashboards/grafana").glob("*.json")}
     (rule,) = [d for d in documents if d["kind"] == "PrometheusRule"]
-    assert rule["spec"] == yaml.safe_load((ROOT / "dashboards/prometheus/gradientmail.rules.yaml").read_text())
+    assert rule["spec"] == _project_rules(stalled_after="25m")
     assert _learner_container(documents)["image"].endswith(f":{__version__}-cuda")
 
 
