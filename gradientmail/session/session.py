@@ -351,7 +351,6 @@ class Session:
             raise RuntimeError("Session.step() outside the session: use it inside `with gm.Session(...)`")
         if self.group is not None:
             samples *= self.group.world_size  # the group's batch: DDP's ranks train equal ones
-        versions_before = list(self.stats.versions)
         now = time.perf_counter()
         if self._last_step_at is not None:
             elapsed = now - self._last_step_at
@@ -361,10 +360,14 @@ class Session:
         stats = self.stats
         stats.steps += 1
         stats.samples += samples
+        changed: list[str] = []
         if self._attention or stats.steps >= run.next_due:
-            self._exchange_between_steps(run)
+            versions_before = list(stats.versions) if self.group is not None else None
+            self._exchange_between_steps(run)  # where alignments happen
+            if versions_before is not None:
+                changed = self._names_of(run, versions_before)
         if self.group is not None:
-            self.group.end_step(self._names_of(run, versions_before))
+            self.group.end_step(changed)
         self._save_state_if_due()
         if self.options.role == "either" and not any(queue.holding for queue in self._queues):
             self._serve_while_elected(run)  # between units when a queue deals the data
