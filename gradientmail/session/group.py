@@ -156,10 +156,6 @@ class GroupLink:
         self.view = full_mirror(model) if self.sharded and self.is_leader else model
         """What the leader's session reads and writes: the model, or its full mirror under FSDP."""
         self._view = dict(self.view.named_parameters())
-        self.broadcasts = 0
-        """Parameter transfers to the followers (alignments, open, close) so far."""
-        self.gathers = 0
-        """Gathers of sharded parameters into the leader's view (FSDP) so far."""
 
     @property
     def is_leader(self) -> bool:
@@ -263,7 +259,6 @@ class GroupLink:
                         self._view[name].copy_(full)
                 elif self.is_leader and self._view[name] is not param:
                     self._view[name].copy_(param.detach())  # not sharded: the leader's own is every rank's
-        self.gathers += 1
 
     def _scatter(self, names: list[str]) -> None:
         import torch
@@ -285,7 +280,6 @@ class GroupLink:
                     if self.is_leader and self._view[name] is not param:
                         param.data.copy_(self._view[name].to(param.device))
                     self._broadcast(param.data)
-        self.broadcasts += 1
 
     def _source(self) -> int:
         return 0 if self._group is None else self._dist.get_global_rank(self._group, 0)
