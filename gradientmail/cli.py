@@ -9,6 +9,8 @@ gradientmail node        (a learner node configured by GRADIENTMAIL_* variables;
                           `gradientmail node --help` lists every variable with its default)
 gradientmail minio-setup [--mailbox URL] --out DIR   (bucket, lifecycle, a user scoped to the run's prefix
                           on MinIO, with its root keys from MINIO_ROOT_*; see gradientmail/minio_setup.py)
+gradientmail seaweedfs-setup --identities FILE --out DIR | --bucket   (the same for SeaweedFS: its identity
+                          file with a user scoped to the prefix, then bucket and lifecycle; gradientmail/seaweedfs_setup.py)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
 gradientmail simulate --table [--json] | --sweep M|H|fragments|quorum|latency [--out DIR]   (goodput at scale,
                           simulated; see docs/simulator.md)
@@ -25,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
-from gradientmail import minio_setup
+from gradientmail import minio_setup, seaweedfs_setup
 from gradientmail._version import __version__
 from gradientmail.audit import DigestLog, audit_run
 from gradientmail.backends import get_backend, payload
@@ -290,6 +292,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     minio_setup.add_arguments(minio_parser)
+    seaweedfs_parser = commands.add_parser(
+        "seaweedfs-setup",
+        help="write SeaweedFS's identities (root, and a user scoped to the run's prefix) and that user's keys; "
+        "or create the bucket and lifecycle rule",
+        description=seaweedfs_setup.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    seaweedfs_setup.add_arguments(seaweedfs_parser)
     commands.add_parser("health", help="exit 0 when this node's metrics endpoint answers (the images' health check)")
     simulate_parser = commands.add_parser(
         "simulate",
@@ -314,6 +324,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return keygen(args.out)
         elif args.command == "minio-setup":
             return minio_setup.run(args)
+        elif args.command == "seaweedfs-setup":
+            return seaweedfs_setup.run(args)
         elif args.command == "simulate":
             return simulate_command.run(args)
         else:

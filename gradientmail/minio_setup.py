@@ -38,6 +38,7 @@ import re
 import secrets
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,8 @@ NONCURRENT_DAYS = 3
 MULTIPART_DAYS = 1
 """Days before an incomplete multipart upload (a crashed writer's parts) is aborted."""
 LIFECYCLE_RULE_ID = "gradientmail-run-cleanup"
+DEFAULT_WAIT_S = 60.0
+"""Seconds a setup waits for its server to answer (compose and the chart start them together)."""
 ENV_FILE = "storage.env"
 CREDENTIALS_FILE = "storage.credentials"
 _ADMIN_ACTIONS_NOTE = "no admin:*, no bucket configuration, nothing outside the prefix"
@@ -185,14 +188,44 @@ def root_credentials(env: Mapping[str, str] | None = None) -> tuple[str, str]:
     return values[0], values[1]
 
 
-def _ensure_bucket(client: Minio, bucket: str) -> bool:
+def wait_until_answering(target: Target, root_user: str, root_password: str, seconds: float) -> None:
+    """Return once the server at ``target`` answers an S3 request (any answer but a 5xx),
+    probing once a second for up to ``seconds`` without the SDK's own retries: a setup
+    started beside its server (compose, a Job) waits for it to listen. The last error is
+    raised when it never does; a refusal (bad keys) is left to the calls that follow."""
+    import urllib3
+    from minio import Minio
+    from minio.error import S3Error, ServerError
+
+    probe = Minio(
+        target.host,
+        root_user,
+        root_password,
+        secure=target.secure,
+        http_client=urllib3.PoolManager(timeout=urllib3.Timeout(connect=2.0, read=5.0), retries=False),
+    )
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            probe.list_buckets()
+            return
+        except S3Error:
+            return  # it answered
+        except (ServerError, urllib3.exceptions.HTTPError, OSError) as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.info("waiting for the S3 server at %s: %s", target.endpoint, exc)
+            time.sleep(1.0)
+
+
+def ensure_bucket(client: Minio, bucket: str) -> bool:
     if client.bucket_exists(bucket):
         return False
     client.make_bucket(bucket)
     return True
 
 
-def _ensure_lifecycle(client: Minio, target: Target) -> str:
+def ensure_lifecycle(client: Minio, target: Target) -> str:
     from minio.commonconfig import ENABLED, Filter
     from minio.error import S3Error
     from minio.lifecycleconfig import AbortIncompleteMultipartUpload, LifecycleConfig, NoncurrentVersionExpiration, Rule
@@ -230,7 +263,7 @@ def _xml(config: Any) -> bytes:
     return ElementTree.tostring(config.toxml(None))
 
 
-def _read_env_file(path: Path) -> dict[str, str]:
+def read_env_file(path: Path) -> dict[str, str]:
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -238,7 +271,7 @@ def _read_env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
 
 
-def _write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:
+def write_private(path: Path, text: str, owner: tuple[int, int] | None = None) -> None:
     """Write ``text`` to ``path`` atomically, mode 0600 (and owner ``uid, gid`` when given)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
@@ -254,6 +287,24 @@ def _write_private(path: Path, text: str, owner: tuple[int, int] | None = None) 
         raise
 
 
+def known_secret(user: str, out_dir: Path, keys_file: Path | None = None) -> str:
+    """The learners' secret an earlier setup wrote to ``out_dir/storage.env`` for ``user`` ("" if
+    none), or the one in ``keys_file`` (which must hold it): a rerun keeps the learners' keys."""
+    known = read_env_file(out_dir / ENV_FILE if keys_file is None else keys_file)
+    secret = known.get("AWS_SECRET_ACCESS_KEY", "").strip() if known.get("AWS_ACCESS_KEY_ID", "").strip() == user else ""
+    if keys_file is not None and not secret:
+        raise InvalidConfig("--keys", f"{keys_file} holds no AWS_SECRET_ACCESS_KEY for AWS_ACCESS_KEY_ID={user}")
+    return secret
+
+
+def write_learner_keys(out_dir: Path, user: str, secret: str, owner: tuple[int, int] | None = None) -> tuple[Path, Path]:
+    """The learners' keys as ``storage.env`` and boto3's ``storage.credentials``, mode 0600."""
+    env_file, credentials_file = out_dir / ENV_FILE, out_dir / CREDENTIALS_FILE
+    write_private(env_file, f"AWS_ACCESS_KEY_ID={user}\nAWS_SECRET_ACCESS_KEY={secret}\n", owner)
+    write_private(credentials_file, f"[default]\naws_access_key_id = {user}\naws_secret_access_key = {secret}\n", owner)
+    return env_file, credentials_file
+
+
 def _ensure_user(admin: _Admin, target: Target, user: str, out_dir: Path, keys_file: Path | None = None) -> tuple[str, bool]:
     """The scoped user's secret (kept from ``storage.env`` when it is this user's; from
     ``keys_file`` when given, always set then) and whether the user was created now."""
@@ -261,10 +312,7 @@ def _ensure_user(admin: _Admin, target: Target, user: str, out_dir: Path, keys_f
 
     name = policy_name(target)
     admin.policy_add(name, policy=learner_policy(target.bucket, target.prefix))
-    known = _read_env_file(out_dir / ENV_FILE if keys_file is None else keys_file)
-    secret = known.get("AWS_SECRET_ACCESS_KEY", "").strip() if known.get("AWS_ACCESS_KEY_ID", "").strip() == user else ""
-    if keys_file is not None and not secret:
-        raise InvalidConfig("--keys", f"{keys_file} holds no AWS_SECRET_ACCESS_KEY for AWS_ACCESS_KEY_ID={user}")
+    secret = known_secret(user, out_dir, keys_file)
     try:
         info = json.loads(admin.user_info(user))
         exists = True
@@ -279,6 +327,14 @@ def _ensure_user(admin: _Admin, target: Target, user: str, out_dir: Path, keys_f
     return secret, not exists
 
 
+def check_learner_user(user: str, root_user: str) -> None:
+    """The learners' access key: one a server accepts, and never the root user's."""
+    if len(user) < 3 or not re.fullmatch(r"[A-Za-z0-9_.@=,+-]+", user):
+        raise InvalidConfig("user", f"{user!r} is not an access key (3+ of letters, digits, _.@=,+-)")
+    if user == root_user:
+        raise InvalidConfig("user", "the learners' user must not be the server's root user")
+
+
 def setup(
     target: Target,
     root_user: str,
@@ -290,26 +346,24 @@ def setup(
     client: Minio | None = None,
     admin: _Admin | None = None,
     keys_file: Path | None = None,
+    wait_s: float = 0.0,
 ) -> SetupResult:
-    """Steps 1-4 of the module's description against ``target``; ``client`` and ``admin``
-    default to the SDK's, made from the root credentials."""
+    """Steps 1-4 of the module's description against ``target``, once the server answers
+    (waiting up to ``wait_s``); ``client`` and ``admin`` default to the SDK's, made from the
+    root credentials."""
     from minio import Minio, MinioAdmin
     from minio.credentials.providers import StaticProvider
 
-    if len(user) < 3 or not re.fullmatch(r"[A-Za-z0-9_.@=,+-]+", user):
-        raise InvalidConfig("user", f"{user!r} is not a MinIO access key (3+ of letters, digits, _.@=,+-)")
-    if user == root_user:
-        raise InvalidConfig("user", "the learners' user must not be MinIO's root user")
+    check_learner_user(user, root_user)
     client = client or Minio(target.host, root_user, root_password, secure=target.secure)
     if admin is None:
         admin = MinioAdmin(endpoint=target.host, credentials=StaticProvider(root_user, root_password), secure=target.secure)
-    created = _ensure_bucket(client, target.bucket)
-    lifecycle = _ensure_lifecycle(client, target)
+    wait_until_answering(target, root_user, root_password, wait_s)
+    created = ensure_bucket(client, target.bucket)
+    lifecycle = ensure_lifecycle(client, target)
     secret, user_created = _ensure_user(admin, target, user, out_dir, keys_file)
-    env_file, credentials_file = out_dir / ENV_FILE, out_dir / CREDENTIALS_FILE
-    _write_private(env_file, f"AWS_ACCESS_KEY_ID={user}\nAWS_SECRET_ACCESS_KEY={secret}\n", owner)
-    _write_private(credentials_file, f"[default]\naws_access_key_id = {user}\naws_secret_access_key = {secret}\n", owner)
-    return SetupResult(created, lifecycle, user, user_created, (env_file, credentials_file))
+    files = write_learner_keys(out_dir, user, secret, owner)
+    return SetupResult(created, lifecycle, user, user_created, files)
 
 
 def _secret_value(path: Path, given: str | None, make: str) -> str:
@@ -342,24 +396,34 @@ def init_secrets(
             ("root-password", "MINIO_ROOT_PASSWORD", secrets.token_urlsafe(30)),
         ):
             path = minio_dir / name
-            _write_private(path, _secret_value(path, env.get(variable), fresh) + "\n", minio_owner)
+            write_private(path, _secret_value(path, env.get(variable), fresh) + "\n", minio_owner)
             written.append(path)
     if grafana_dir is not None:
         path = grafana_dir / "admin-password"
-        _write_private(
+        write_private(
             path, _secret_value(path, env.get("GRAFANA_ADMIN_PASSWORD"), secrets.token_urlsafe(24)) + "\n", grafana_owner
         )
         written.append(path)
     return written
 
 
-def _owner(text: str | None) -> tuple[int, int] | None:
+def parse_owner(text: str | None) -> tuple[int, int] | None:
     if not text:
         return None
     match = re.fullmatch(r"(\d+):(\d+)", text)
     if not match:
         raise InvalidConfig("owner", f"{text!r} is not UID:GID")
     return int(match.group(1)), int(match.group(2))
+
+
+def add_wait_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--wait",
+        type=float,
+        default=DEFAULT_WAIT_S,
+        metavar="SECONDS",
+        help=f"how long to wait for the server to answer (default {DEFAULT_WAIT_S:g})",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -377,6 +441,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help=f"an env file like {ENV_FILE} (e.g. from a Kubernetes Secret) whose AWS_SECRET_ACCESS_KEY the user gets",
     )
+    add_wait_argument(parser)
     parser.add_argument(
         "--init-secrets",
         action="store_true",
@@ -392,7 +457,10 @@ def run(args: argparse.Namespace) -> int:
         if args.minio_secrets is None and args.grafana_secrets is None:
             raise InvalidConfig("--init-secrets", "give --minio-secrets DIR and/or --grafana-secrets DIR")
         for path in init_secrets(
-            args.minio_secrets, args.grafana_secrets, minio_owner=_owner(args.owner), grafana_owner=_owner(args.grafana_owner)
+            args.minio_secrets,
+            args.grafana_secrets,
+            minio_owner=parse_owner(args.owner),
+            grafana_owner=parse_owner(args.grafana_owner),
         ):
             print(f"ready: {path}")
         return 0
@@ -407,7 +475,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         result = setup(
-            target, root_user, root_password, user=args.user, out_dir=args.out, owner=_owner(args.owner), keys_file=args.keys
+            target,
+            root_user,
+            root_password,
+            user=args.user,
+            out_dir=args.out,
+            owner=parse_owner(args.owner),
+            keys_file=args.keys,
+            wait_s=args.wait,
         )
     except GradientMailError:
         raise

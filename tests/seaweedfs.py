@@ -15,5 +15,7 @@ class SeaweedFS(Seaweed):
     """A running ``weed mini`` for the tests; :meth:`start` returns once S3 accepts writes."""
 
     @classmethod
-    def start(cls, workdir: Path, bucket: str = "gradientmail-test", name: str = "gm-test") -> Seaweed:
-        return super().start(workdir, bucket, name)
+    def start(
+        cls, workdir: Path, bucket: str = "gradientmail-test", name: str = "gm-test", *, s3_config: Path | None = None
+    ) -> Seaweed:
+        return super().start(workdir, bucket, name, s3_config=s3_config)

@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gradientmail/cli.py",
             "gradientmail/audit.py",
             "gradientmail/minio_setup.py",
+            "gradientmail/seaweedfs_setup.py",
             "gradientmail/node.py",
             "gradientmail/settings.py",
             "gradientmail/regime.py",

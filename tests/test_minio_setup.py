@@ -281,8 +281,21 @@ def test_the_cli_reports_missing_root_credentials(monkeypatch, capsys, tmp_path)
 def test_the_cli_reports_an_unreachable_minio(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("MINIO_ROOT_USER", "root")
     monkeypatch.setenv("MINIO_ROOT_PASSWORD", "password")
-    code = cli.main(["minio-setup", "--mailbox", "s3://bucket/p?endpoint=http://127.0.0.1:9", "--out", str(tmp_path)])
+    code = cli.main(
+        ["minio-setup", "--mailbox", "s3://bucket/p?endpoint=http://127.0.0.1:9", "--out", str(tmp_path), "--wait", "0"]
+    )
     assert code == 2 and "MinIO at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_the_cli_waits_for_the_server_before_it_gives_up(monkeypatch, capsys, caplog, tmp_path):
+    """--wait: a setup started beside its server (compose, a Job) polls until it answers."""
+    monkeypatch.setenv("MINIO_ROOT_USER", "root")
+    monkeypatch.setenv("MINIO_ROOT_PASSWORD", "password")
+    caplog.set_level("INFO", logger="gradientmail.minio_setup")
+    url = "s3://bucket/p?endpoint=http://127.0.0.1:9"
+    assert cli.main(["minio-setup", "--mailbox", url, "--out", str(tmp_path), "--wait", "1"]) == 2
+    assert "MinIO at http://127.0.0.1:9" in capsys.readouterr().err
+    assert any("waiting for the S3 server" in record.getMessage() for record in caplog.records)
 
 
 # -- the secrets compose generates -------------------------------------------------------------
