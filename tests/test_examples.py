@@ -98,3 +98,26 @@ def test_the_tensorboard_learner_writes_its_reported_scalars_and_alignments(tmp_
     assert any(tag.startswith("gradientmail/aligned_version/") for tag in tags)
     losses = events.Scalars("loss")
     assert len(losses) == 60 and losses[-1].step == 60 and losses[-1].value < losses[0].value
+
+
+def test_the_mlflow_learner_logs_its_reported_scalars_alignments_and_params(tmp_path):
+    """examples/mlflow_learner.py: a listener turns session.report() and alignments into MLflow
+    metrics in a local SQLite store, read back here with MLflow's own client."""
+    import math
+
+    from mlflow.tracking import MlflowClient
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "examples/mlflow_learner.py", "--mailbox", f"file://{tmp_path / 'box'}"]
+    command += ["--tracking-uri", store, "--steps", "30"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    (run,) = client.search_runs([client.get_experiment_by_name("gradientmail").experiment_id])
+    assert run.info.run_name == "mlflow-0" and run.info.status == "FINISHED"
+    assert run.data.params == {"learner_id": "mlflow-0", "sync_every": "20", "fragments": "2"}
+    assert {"loss", "lr", "samples_per_s"} <= run.data.metrics.keys()
+    assert any(name.startswith("gradientmail/aligned_version/") for name in run.data.metrics)
+    losses = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    assert [m.step for m in losses] == list(range(1, 31))
+    assert all(math.isfinite(m.value) for m in losses) and losses[-1].value < losses[0].value
