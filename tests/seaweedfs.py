@@ -16,6 +16,13 @@ class SeaweedFS(Seaweed):
 
     @classmethod
     def start(
-        cls, workdir: Path, bucket: str = "gradientmail-test", name: str = "gm-test", *, s3_config: Path | None = None
+        cls,
+        workdir: Path,
+        bucket: str = "gradientmail-test",
+        name: str = "gm-test",
+        *,
+        s3_config: Path | None = None,
+        netns: str | None = None,
+        host: str = "127.0.0.1",
     ) -> Seaweed:
-        return super().start(workdir, bucket, name, s3_config=s3_config)
+        return super().start(workdir, bucket, name, s3_config=s3_config, netns=netns, host=host)

@@ -1,10 +1,12 @@
 """docs/quickstart.md, as a reader pastes it: the page's own ``bash`` blocks, in order, with two
-learner processes for the two machines and the loopback SeaweedFS server for the bucket.
+machines that share nothing but a network (two network namespaces, each with its own loopback
+and address, a learner process in each) and a SeaweedFS server in a third for the bucket.
 
-What stands in for what: the bucket is the test server's (block 1's ``aws s3api`` is not run;
+What stands in for what: the bucket is that server's (block 1's ``aws s3api`` is not run;
 ``AWS_ENDPOINT_URL`` points boto3 at the server, as docs/deploy.md says for any S3-compatible
-store), its keys replace the page's example keys, and the install block is not run (this
-environment is the installed project; ``tests/test_install_line.py`` runs the install line).
+store; each machine reaches it through its own link), its keys replace the page's example keys,
+and the install block is not run (this environment is the installed project;
+``tests/test_install_line.py`` runs the install line).
 To keep the run short the learners train fewer steps than the page's 500, with a shorter sync
 period (``GRADIENTMAIL_SYNC_EVERY``, a variable the page's ``--help`` pointer lists)."""
 
@@ -18,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns import Network, star_network
 from tests.run_procs import ROOT
+from tests.seaweedfs import S3Server, SeaweedFS
 
 PAGE = ROOT / "docs" / "quickstart.md"
 BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
@@ -41,9 +45,21 @@ def test_the_page_has_the_blocks_the_test_runs():
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_two_learners_started_as_the_quickstart_says_make_a_healthy_run(s3_server, tmp_path):
+def test_two_learners_started_as_the_quickstart_says_make_a_healthy_run(tmp_path):
     _, _, keygen, learner, status = blocks()
     prefix = f"quickstart-{uuid.uuid4().hex[:8]}"
+    machines = ["machine-a", "machine-b"]
+    with star_network(machines) as network:
+        server = SeaweedFS.start(tmp_path / "server", netns=network.server, host=network.host_route)
+        try:
+            _run_the_page(tmp_path, network, server.server, prefix, keygen, learner, status)
+        finally:
+            server.stop()
+
+
+def _run_the_page(tmp_path: Path, network: Network, s3_server: S3Server, prefix: str, *blocks_: str) -> None:
+    keygen, learner, status = blocks_
+    port = s3_server.port
 
     def as_here(block: str) -> str:
         """The page's block with the test server's bucket, keys and a short run."""
@@ -53,20 +69,30 @@ def test_two_learners_started_as_the_quickstart_says_make_a_healthy_run(s3_serve
         return block.replace("GRADIENTMAIL_STEPS=500", "GRADIENTMAIL_STEPS=60")
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRADIENTMAIL_", "AWS_"))}
-    env |= {"AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_EC2_METADATA_DISABLED": "true", "GRADIENTMAIL_SYNC_EVERY": "20"}
+    env |= {"AWS_EC2_METADATA_DISABLED": "true", "GRADIENTMAIL_SYNC_EVERY": "20"}
     env |= {"GRADIENTMAIL_FRAGMENTS": "2", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
 
-    def bash(script: str, **kwargs: object) -> subprocess.Popen[str]:
+    def bash(script: str, machine: str | None = None, **kwargs: object) -> subprocess.Popen[str]:
+        """``script`` on ``machine`` (its namespace, the server through its link), or here."""
         # the checkout is where the page's commands run (section 2: `cd gradientmail`); run.key lives in tmp_path
         script = script.replace("run.key", str(tmp_path / "run.key"))
-        return subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, text=True, **kwargs)  # type: ignore[call-overload]
+        address = network.machines[machine][1] if machine else network.host_route
+        command = ["bash", "-euo", "pipefail", "-c", script]
+        return subprocess.Popen(  # type: ignore[call-overload]
+            network.run(machine, command) if machine else command,
+            cwd=ROOT,
+            env={**env, "AWS_ENDPOINT_URL": f"http://{address}:{port}"},
+            text=True,
+            **kwargs,
+        )
 
     made = bash(keygen, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     assert made.wait(timeout=60) == 0, made.stdout.read() if made.stdout else ""
     assert (tmp_path / "run.key").stat().st_mode & 0o777 == 0o600
     logs = {name: (tmp_path / f"{name}.log").open("w") for name in ("machine-a", "machine-b")}
     learners = {
-        name: bash(as_here(learner).replace("machine-a", name), stdout=logs[name], stderr=subprocess.STDOUT) for name in logs
+        name: bash(as_here(learner).replace("machine-a", name), name, stdout=logs[name], stderr=subprocess.STDOUT)
+        for name in logs
     }
     try:
         for name, process in learners.items():
