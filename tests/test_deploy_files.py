@@ -1079,6 +1079,9 @@ def test_notes_tell_how_to_watch_the_run():
     assert "kubectl -n training logs -f gm-gradientmail-0" in notes
     assert "gradientmail status" in notes and "s3://gradientmail/runs/onprem" in notes
     assert "kubectl -n training get secret gm-gradientmail-run-key -o jsonpath='{.data.run-key}' | base64 -d > run.key" in notes
+    assert "(the in-chart MinIO gm-gradientmail-minio)" in notes
+    seaweedfs = _render(VALUE_SETS["in-chart-seaweedfs"])["gradientmail/templates/NOTES.txt"]
+    assert "(the in-chart SeaweedFS gm-gradientmail-minio)" in seaweedfs
 
 
 @pytest.mark.parametrize("value_set", sorted(VALUE_SETS))
