@@ -20,13 +20,13 @@ import pytest
 import gradientmail.mailbox
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox, MemoryMailbox, MeteredMailbox, MinioMailbox, S3Mailbox
-from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet
+from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet, HashingPut
 from gradientmail.mailbox.metered import OPERATIONS
 
 PROTOCOL = frozenset(name for name in vars(Mailbox) if not name.startswith("_"))
 """The operations every store has (``url`` included), which ``ForwardingMailbox`` always defines."""
 
-OPTIONAL = {"get_sha256": HashingGet}
+OPTIONAL = {"get_sha256": HashingGet, "put_sha256": HashingPut}
 """Each optional capability with the protocol callers probe it with; must name exactly
 ``OPTIONAL_CAPABILITIES``."""
 
@@ -85,6 +85,10 @@ def test_a_wrapped_store_keeps_each_capability_its_inner_has(mailbox: Mailbox) -
         assert hasattr(wrapped, name) == hasattr(mailbox, name), name
         assert isinstance(wrapped, protocol) == isinstance(mailbox, protocol), name
     mailbox.put("blobs/one", b"forwarded bytes")
+    if isinstance(mailbox, HashingPut):
+        assert isinstance(wrapped, HashingPut)
+        assert wrapped.put_sha256("blobs/two", b"two")[1] == hashlib.sha256(b"two").hexdigest()
+        assert mailbox.get("blobs/two") == b"two"
     if isinstance(mailbox, HashingGet):
         assert isinstance(wrapped, HashingGet)
         expected = (b"forwarded bytes", hashlib.sha256(b"forwarded bytes").hexdigest())
@@ -133,6 +137,38 @@ def test_a_wrapper_that_overrides_get_sees_hashed_reads_too() -> None:
     assert wrapped.gets == 1 and inner.hashed_gets == 0
 
 
+class _CountingPuts(ForwardingMailbox):
+    def __init__(self, inner: Mailbox) -> None:
+        super().__init__(inner)
+        self.puts = 0
+
+    def put(self, key: str, data: bytes) -> str:
+        self.puts += 1
+        return self.inner.put(key, data)
+
+
+class _HashingWrites(MemoryMailbox):
+    """A memory store with the hashed write, counting the ones it serves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hashed_puts = 0
+
+    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+        self.hashed_puts += 1
+        return self.put(key, data), hashlib.sha256(data).hexdigest()
+
+
+def test_the_hashed_write_is_forwarded_and_a_wrapper_that_overrides_put_sees_it() -> None:
+    inner = _HashingWrites()
+    plain = ForwardingMailbox(inner)
+    assert isinstance(plain, HashingPut)
+    assert plain.put_sha256("k", b"abc")[1] == hashlib.sha256(b"abc").hexdigest() and inner.hashed_puts == 1
+    counting = _CountingPuts(inner)
+    assert counting.put_sha256("k2", b"xyz")[1] == hashlib.sha256(b"xyz").hexdigest()
+    assert counting.puts == 1 and inner.hashed_puts == 1 and inner.get("k2") == b"xyz"
+
+
 def test_a_subclass_keeps_its_own_capability_and_a_plain_store_gets_none() -> None:
     class Own(ForwardingMailbox):
         def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
@@ -159,8 +195,15 @@ def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailb
     assert metered.get("m/record") == b"second" and metered.list("m/") == ["m/record"]
     if isinstance(metered, HashingGet):
         assert metered.get_sha256("m/record")[1] == hashlib.sha256(b"second").hexdigest()
+    assert isinstance(metered, HashingPut) == isinstance(mailbox, HashingPut)
+    if isinstance(metered, HashingPut):
+        assert metered.put_sha256("m/blob", b"blob") == (metered.head("m/blob").token, hashlib.sha256(b"blob").hexdigest())  # type: ignore[union-attr]
+        metered.delete("m/blob")
     metered.delete("m/record")
     counts = {key: value for key, value in metered.counts.requests().items() if value}
+    if isinstance(mailbox, HashingPut):  # the blob's put (counted as one), its head and delete
+        assert (counts.pop(("put", "ok")), counts.pop(("head", "ok"))) == (1, 1)
+        counts[("delete", "ok")] -= 1
     assert set(metered.counts.requests()) >= {(op, outcome) for op in OPERATIONS for outcome in ("ok", "error")}  # zeros first
     expected_gets = 2 if isinstance(mailbox, HashingGet) else 1
     assert counts == {

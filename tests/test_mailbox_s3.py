@@ -3,6 +3,8 @@ injected faults, lost responses, and the errors users cause."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import socket
 import subprocess
 import sys
@@ -510,3 +512,68 @@ def test_keys_mapping_and_missing_keys(make_s3_mailbox: Callable[..., S3Mailbox]
     with pytest.raises(KeyNotFound, match="missing"):
         mailbox.get("missing")
     assert mailbox.head("missing") is None
+
+
+# -- one hash per byte -------------------------------------------------------------------
+
+
+class _DamageOnePutBody:
+    """Flips one byte of the next PutObject body after it is signed, as a bad link would: the
+    request goes to the real server with the headers it was signed with."""
+
+    def __init__(self, events: Any) -> None:
+        self.damaged = 0
+        events.register("before-send.s3.PutObject", self._before_send)
+
+    def _before_send(self, request: Any, **_: Any) -> None:
+        body = request.body
+        data = body.getvalue() if isinstance(body, io.BytesIO) else body
+        if self.damaged == 0 and isinstance(data, bytes) and len(data) > 1000:
+            self.damaged += 1
+            request.body = io.BytesIO(data[:500] + bytes([data[500] ^ 0xFF]) + data[501:])
+
+
+def test_a_blob_write_hashes_once_and_the_server_refuses_a_damaged_body(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    """put_sha256 returns the payload's sha256 and sends it as the object's checksum: a body
+    damaged after signing is refused (BadDigest), nothing is stored, and the next try stores
+    the right bytes. botocore hashes no body itself (no CRC32, no payload signing sha256)."""
+    session = _session(s3_server)
+    damage = _DamageOnePutBody(session.events)
+    hashed: list[int] = []
+    import botocore.auth as auth
+    import botocore.httpchecksum as httpchecksum
+
+    mailbox = make_s3_mailbox(session=session)
+    payload = _random_bytes(7, 2 * MiB)
+    with pytest.raises(GradientMailError):
+        mailbox.put_sha256("blobs/one", payload)
+    assert damage.damaged == 1 and mailbox.head("blobs/one") is None
+    original_payload, original_crc = auth.S3SigV4Auth.payload, httpchecksum.Crc32Checksum.update
+    signed: list[str] = []
+
+    def payload_hash(self: Any, request: Any) -> str:
+        signed.append(original_payload(self, request))
+        return signed[-1]
+
+    def crc(self: Any, chunk: bytes) -> None:
+        hashed.append(len(chunk))
+        original_crc(self, chunk)
+
+    auth.S3SigV4Auth.payload = payload_hash  # type: ignore[method-assign]
+    httpchecksum.Crc32Checksum.update = crc  # type: ignore[method-assign]
+    try:
+        token, digest = mailbox.put_sha256("blobs/one", payload)
+        data, read_digest = mailbox.get_sha256("blobs/one")
+    finally:
+        auth.S3SigV4Auth.payload, httpchecksum.Crc32Checksum.update = original_payload, original_crc  # type: ignore[method-assign]
+    assert digest == read_digest == hashlib.sha256(payload).hexdigest() and data == payload
+    assert token == mailbox.head("blobs/one").token  # type: ignore[union-attr]
+    assert signed and set(signed) <= {auth.UNSIGNED_PAYLOAD, auth.EMPTY_SHA256_HASH}, "botocore hashed a body to sign it"
+    assert not hashed, "botocore took a CRC32 of a body"
+    # a create-once record is checked by the server as well: a damaged one is never stored
+    damage.damaged = 0
+    with pytest.raises(GradientMailError):
+        mailbox.create("records/one.json", b"{" + b" " * 2000 + b"}")
+    assert damage.damaged == 1 and mailbox.head("records/one.json") is None

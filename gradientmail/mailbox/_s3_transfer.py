@@ -20,8 +20,10 @@ Everything here raises botocore's exceptions (and :class:`TooLarge`); the caller
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
+import hashlib
 import io
 import math
 import random
@@ -111,6 +113,26 @@ def backoff(attempt: int) -> None:
     time.sleep(random.random() * min(2.0, 0.05 * 2**attempt))
 
 
+class PayloadDigest:
+    """The sha256 of one payload, taken once however many attempts upload it."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._digest: bytes | None = None
+
+    def digest(self) -> bytes:
+        if self._digest is None:
+            self._digest = hashlib.sha256(self._data).digest()
+        return self._digest
+
+    def hex(self) -> str:
+        return self.digest().hex()
+
+    def header(self) -> str:
+        """The digest as S3's ``ChecksumSHA256`` (base64)."""
+        return base64.b64encode(self.digest()).decode("ascii")
+
+
 def upload(
     client: Any,
     executor: Executor,
@@ -122,12 +144,17 @@ def upload(
     part_bytes: int,
     metadata: dict[str, str],
     conditions: dict[str, str],
+    digest: PayloadDigest | None = None,
+    hash_parts: bool = False,
 ) -> str:
     """Store ``data`` at ``key`` under ``conditions`` (``IfNoneMatch``/``IfMatch``) and
     return the new ETag. At most ``threshold_bytes`` go in one ``PutObject``; above it,
-    a multipart upload with parts of ``part_bytes`` sent in parallel."""
+    a multipart upload with parts of ``part_bytes`` sent in parallel. With ``digest``, a
+    single PutObject sends it for the server to check, and a multipart upload takes it in
+    this thread while the parts are sent when ``hash_parts``."""
     if len(data) <= threshold_bytes:
-        response = client.put_object(Bucket=bucket, Key=key, Body=data, Metadata=metadata, **conditions)
+        checksum = {"ChecksumSHA256": digest.header()} if digest is not None else {}
+        response = client.put_object(Bucket=bucket, Key=key, Body=data, Metadata=metadata, **checksum, **conditions)
         return str(response["ETag"])
     part_bytes = max(part_bytes, MIN_PART_BYTES, math.ceil(len(data) / MAX_PARTS))
     # Mirror s3transfer: when botocore sends checksums by default, declare the algorithm
@@ -156,7 +183,8 @@ def upload(
 
     try:
         starts = range(0, len(data), part_bytes)
-        parts = run_all(executor, [functools.partial(send, n, s) for n, s in enumerate(starts, start=1)])
+        tasks = [functools.partial(send, n, s) for n, s in enumerate(starts, start=1)]
+        parts = run_all(executor, tasks, here=digest.digest if digest is not None and hash_parts else None)
         response = client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}, **conditions
         )

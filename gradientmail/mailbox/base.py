@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ForwardingMailbox", "HashingGet", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
+__all__ = ["ForwardingMailbox", "HashingGet", "HashingPut", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
 
 
 @dataclass(frozen=True)
@@ -133,9 +133,25 @@ class HashingGet(Protocol):
         ...
 
 
-OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256",)
+@runtime_checkable
+class HashingPut(Protocol):
+    """An optional capability of a store (checked with ``isinstance``): a write that also
+    returns the sha256 of what it stored, taken in the store's one pass over the bytes, so a
+    blob's digest costs no pass of its own and the payload is hashed once on the writer's side
+    (docs/algorithms.md does not change: the digest is the record's ``sha256``). The S3 store
+    hands that digest to the server as the object's ``x-amz-checksum-sha256``, which refuses a
+    body that does not match (``BadDigest``), in place of botocore's own checksum and payload
+    signing passes. Stores without it are written with :meth:`Mailbox.put` and hashed apart."""
+
+    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+        """:meth:`Mailbox.put` (same errors), and the hex sha256 of ``data``."""
+        ...
+
+
+OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256", "put_sha256")
 """The operations some stores offer beyond :class:`Mailbox`, each with a protocol of its own that
-callers probe with ``isinstance`` (``get_sha256``: :class:`HashingGet`). :class:`ForwardingMailbox`
+callers probe with ``isinstance`` (``get_sha256``: :class:`HashingGet`; ``put_sha256``:
+:class:`HashingPut`). :class:`ForwardingMailbox`
 forwards every one its inner store has, so a wrapper never silently loses a capability; a store
 that grows a new one adds it here (``tests/test_forwarding_mailbox.py`` checks every store)."""
 
@@ -150,12 +166,12 @@ class ForwardingMailbox:
     which sees instance attributes but not ``__getattr__``. A subclass that defines one itself keeps
     its own. A subclass that overrides ``get`` has hashed reads go through its ``get`` and hashed
     afterwards, so its metering or faults see every read; override ``get_sha256`` as well to keep
-    hashing while the bytes arrive.
+    hashing while the bytes arrive. The same holds for ``put`` and ``put_sha256``.
     """
 
     def __init__(self, inner: Mailbox) -> None:
         self.inner = inner
-        forwarders = {"get_sha256": self._forward_get_sha256}
+        forwarders = {"get_sha256": self._forward_get_sha256, "put_sha256": self._forward_put_sha256}
         for name in OPTIONAL_CAPABILITIES:
             if hasattr(inner, name) and not hasattr(type(self), name):
                 setattr(self, name, forwarders[name])
@@ -166,6 +182,12 @@ class ForwardingMailbox:
             data = self.get(key, max_bytes=max_bytes)
             return data, hashlib.sha256(data).hexdigest()
         return inner.get_sha256(key, max_bytes=max_bytes)
+
+    def _forward_put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+        inner = self.inner
+        if type(self).put is not ForwardingMailbox.put or not isinstance(inner, HashingPut):
+            return self.put(key, data), hashlib.sha256(data).hexdigest()
+        return inner.put_sha256(key, data)
 
     @property
     def url(self) -> str:

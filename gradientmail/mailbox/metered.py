@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from gradientmail.errors import KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
-from gradientmail.mailbox.base import ForwardingMailbox, HashingGet, Mailbox, ObjectInfo
+from gradientmail.mailbox.base import ForwardingMailbox, HashingGet, HashingPut, Mailbox, ObjectInfo
 
 __all__ = ["OPERATIONS", "MeteredMailbox", "RequestCounts"]
 
@@ -74,6 +74,13 @@ class MeteredMailbox(ForwardingMailbox):
                 return self._metered("get", lambda: hashing.get_sha256(key, max_bytes=max_bytes))
 
             setattr(self, "get_sha256", get_sha256)  # noqa: B010 - an instance attribute, as ForwardingMailbox sets it
+        if isinstance(inner, HashingPut):  # keep the store's one pass over the bytes, and count it as a put
+            putting = inner
+
+            def put_sha256(key: str, data: bytes) -> tuple[str, str]:
+                return self._metered("put", lambda: putting.put_sha256(key, data))
+
+            setattr(self, "put_sha256", put_sha256)  # noqa: B010 - as above
 
     def _metered(self, operation: str, request: Callable[[], T]) -> T:
         started = time.perf_counter()

@@ -289,7 +289,20 @@ class S3Mailbox:
     def put(self, key: str, data: bytes) -> str:
         object_key = self._object_key(key)
         try:
-            return self._write("PutObject", object_key, as_payload(data), {})
+            return self._write("PutObject", object_key, as_payload(data), {})[0]
+        except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
+            raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
+
+    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+        """:meth:`put`, and the sha256 (hex) of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`),
+        the one hash of the upload: a single PutObject carries it as ``x-amz-checksum-sha256``,
+        which the server checks against the body it received (``BadDigest`` refuses a body
+        damaged on the way); a multipart upload hashes in this thread while its parts are sent
+        (S3 has no whole-object sha256 for parts: TLS, or TCP over http, guards them, and every
+        reader checks the record's sha256)."""
+        object_key = self._object_key(key)
+        try:
+            return self._write("PutObject", object_key, as_payload(data), {}, hashed=True)
         except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
             raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
 
@@ -298,7 +311,7 @@ class S3Mailbox:
         payload = as_payload(data)
         self._check_conditional_writes()
         try:
-            return self._write("PutObject (create-once)", object_key, payload, {"IfNoneMatch": "*"})
+            return self._write("PutObject (create-once)", object_key, payload, {"IfNoneMatch": "*"})[0]
         except _PreconditionFailed as exc:
             raise RecordExists(f"mailbox key {key!r} already exists in {self.url}") from exc
 
@@ -308,7 +321,7 @@ class S3Mailbox:
         token = as_token(expected_token)
         self._check_conditional_writes()
         try:
-            return self._write("PutObject (swap)", object_key, payload, {"IfMatch": token})
+            return self._write("PutObject (swap)", object_key, payload, {"IfMatch": token})[0]
         except _PreconditionFailed as exc:
             if self._head_object(object_key) is None:
                 raise KeyNotFound(f"mailbox key {key!r} not found in {self.url}") from exc
@@ -354,12 +367,21 @@ class S3Mailbox:
         except ImportError as exc:
             raise MailboxMisconfigured(f"the S3 mailbox needs boto3: {install_hint('s3')}") from exc
         tuning = self._tuning
+        s3_options: Any = {"payload_signing_enabled": False}  # botocore's _S3Dict
+        if self._addressing_style:
+            s3_options["addressing_style"] = self._addressing_style
+        # One hash per byte (docs/mailbox.md, "Integrity"): botocore would hash every body again,
+        # a CRC32 by default and, over http, the sha256 of SigV4 payload signing, and check a CRC
+        # of every download. Blobs carry our sha256 instead (put_sha256: checked by the server;
+        # get_sha256: checked against the record); headers stay signed.
         config = Config(
             retries={"total_max_attempts": tuning.max_attempts, "mode": "standard"},
             connect_timeout=tuning.connect_timeout_s,
             read_timeout=tuning.read_timeout_s,
             max_pool_connections=max(10, tuning.max_concurrency + 4),
-            s3={"addressing_style": self._addressing_style} if self._addressing_style else None,
+            s3=s3_options,
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
             user_agent_extra="gradientmail",
         )
         access_key_id, secret_access_key, session_token = self._credentials
@@ -399,17 +421,23 @@ class S3Mailbox:
                 raise
             raise translate(exc, operation=operation, bucket=self._bucket, object_key=object_key, endpoint=self.endpoint) from exc
 
-    def _write(self, operation: str, object_key: str, payload: bytes, conditions: dict[str, str]) -> str:
-        """Upload under ``conditions`` with a fresh writer nonce; return the ETag.
+    def _write(
+        self, operation: str, object_key: str, payload: bytes, conditions: dict[str, str], *, hashed: bool = False
+    ) -> tuple[str, str]:
+        """Upload under ``conditions`` with a fresh writer nonce; return the ETag and (``hashed``)
+        the payload's hex sha256, else "". Every single PutObject carries the payload's sha256
+        for the server to check (records included: a create-once record damaged on the way
+        must not be stored); a multipart upload takes it only when ``hashed``.
 
         Raises ``_PreconditionFailed`` when the store refused the condition (or lost the
         multipart upload) and the object there does not carry our nonce.
         """
         nonce = uuid.uuid4().hex
+        digest = _s3_transfer.PayloadDigest(payload)  # taken for a single PutObject, or when asked
         for attempt in range(1, self._tuning.max_attempts + 1):
             with self._translating(operation, object_key):
                 try:
-                    return _s3_transfer.upload(
+                    etag = _s3_transfer.upload(
                         self._client(),
                         self._executor(),
                         bucket=self._bucket,
@@ -419,15 +447,18 @@ class S3Mailbox:
                         part_bytes=self._tuning.part_size_bytes,
                         metadata={NONCE_METADATA: nonce},
                         conditions=conditions,
+                        digest=digest,
+                        hash_parts=hashed,
                     )
+                    return etag, digest.hex() if hashed else ""
                 except Exception as exc:
                     if not is_transport_error(exc) or not hasattr(exc, "response"):
                         raise
                     code, status = error_code(exc), http_status(exc)
                     if code in ("PreconditionFailed", "NoSuchUpload") or status == 412:
-                        etag = self._own_etag(object_key, nonce)
-                        if etag is not None:
-                            return etag  # our earlier attempt landed; its response was lost
+                        landed = self._own_etag(object_key, nonce)
+                        if landed is not None:  # our earlier attempt landed; its response was lost
+                            return landed, digest.hex() if hashed else ""
                         raise _PreconditionFailed(code) from exc
                     if code == "ConditionalRequestConflict" and attempt < self._tuning.max_attempts:
                         _s3_transfer.backoff(attempt)  # a concurrent conditional write; retry

@@ -35,7 +35,7 @@ from gradientmail.errors import (
     RecordExists,
 )
 from gradientmail.mailbox import Mailbox
-from gradientmail.mailbox.base import HashingGet
+from gradientmail.mailbox.base import HashingGet, HashingPut
 from gradientmail.records import (
     SCHEMA_VERSION,
     Contribution,
@@ -502,14 +502,14 @@ class RunStore:
             sequence += 1
         key = keys.ContributionKey(fragment, anchor_version, learner, sequence)
         data = delta if isinstance(delta, bytes) else payload.encode(delta)
-        self._mailbox.put(key.blob, data)
+        blob = self._put_blob(key.blob, data)
         contribution = Contribution(
             learner=learner,
             fragment=fragment,
             anchor_version=anchor_version,
             steps=counts.steps,
             samples=counts.samples,
-            payload=PayloadRef(key=key.blob, sha256=sha256_hex(data), size_bytes=len(data)),
+            payload=blob,
             final=counts.final,
             step_time_s=counts.step_time_s,
             carried_steps=counts.carried_steps,
@@ -559,6 +559,13 @@ class RunStore:
         return self._put_blob(key, payload.encode(tensors), hashing)
 
     def _put_blob(self, key: str, data: bytes, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
+        """Put a blob and reference it by size and sha256. A store that hashes what it writes
+        (``HashingPut``) hands the digest over: the bytes are hashed once. Any other is hashed
+        here, on ``hashing`` while the upload runs when given."""
+        mailbox = self._mailbox
+        if isinstance(mailbox, HashingPut):
+            _, sha256 = mailbox.put_sha256(key, data)
+            return PayloadRef(key=key, sha256=sha256, size_bytes=len(data))
         digest = hashing.submit(sha256_hex, data) if hashing is not None else None
         try:
             self._mailbox.put(key, data)
