@@ -31,7 +31,8 @@ allreduce and outer step run; GradientMail: ``session.step()``); bytes each lear
 sync (torchft: gloo's ring allreduce, 2(n−1)/n × 4 bytes × parameters each way, from the
 parameter count; GradientMail: counted at the mailbox, what every get and put of the
 learner's process carried, its syncer's included, not HTTP framing); the held-out loss of the
-final model; and the loop's CPU seconds per learner, with the server's (the lighthouse or
+final model; and the loop's CPU seconds per learner (and what the exchange adds to the bare loop's,
+per sync), with the server's (the lighthouse or
 SeaweedFS). torchft runs in this environment if it has torchft, else in its own,
 runs/.venv-torchft, created on first use with torch pinned by constraints.txt (the same torch
 as here), or under ``--torchft-python``.
@@ -86,6 +87,11 @@ class ArmResult:
     """CPU seconds of one learner's process (every thread) over the loop, mean over learners."""
     server_cpu_s: float | None = None
     """CPU seconds of the lighthouse or the SeaweedFS server while the arm ran."""
+    exchange_cpu_ms_per_sync: float | None = None
+    """What the exchange costs a learner's cores: (this arm's loop CPU − the bare loop's, per
+    repeat, mean over learners) ÷ syncs, in ms; every thread of the process counts (torchft's
+    allreduce and Manager, GradientMail's transfers, hashing and syncer). None for the
+    references (bare, sync)."""
     requests_per_sync: list[float] = field(default_factory=list)
     """GradientMail: mailbox requests per sync per learner (every kind: polls, leases, payloads), most first."""
     align_lag_steps: float | None = None
@@ -195,6 +201,12 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
         statistics.median(statistics.mean(r["blocked_s"] for r in t["learners"]) for t in trials) * 1e3 / syncs
     )
     result.loop_cpu_s = statistics.median(statistics.mean(r["loop_cpu_s"] for r in t["learners"]) for t in trials)
+    if bare is not None and arm not in ("bare", "sync"):
+        extra = [
+            statistics.mean(r["loop_cpu_s"] for r in t["learners"]) - statistics.mean(r["loop_cpu_s"] for r in b["learners"])
+            for b, t in zip(bare.trials, trials, strict=False)
+        ]
+        result.exchange_cpu_ms_per_sync = statistics.median(extra) * 1e3 / syncs
     if arm != "bare":
         ups = [sorted((r["bytes_up"] / syncs for r in t["learners"]), reverse=True) for t in trials]
         downs = [sorted((r["bytes_down"] / syncs for r in t["learners"]), reverse=True) for t in trials]
@@ -318,21 +330,23 @@ def print_table(results: list[ArmResult], parameters: int, repeats: int) -> None
         f"\n{parameters:,} fp32 parameters ({4 * parameters / 1e6:.2f} MB), {LEARNERS} learners, medians of {repeats} repeat(s)"
     )
     header = f"{'arm':<14}{'loop s':>8}{'× bare':>8}{'blocked ms/sync':>17}{'MB up/sync':>13}{'MB down/sync':>14}"
-    header += f"{'eval loss':>11}{'CPU-s/learner':>15}{'server CPU-s':>14}{'lag steps':>11}"
+    header += f"{'eval loss':>11}{'CPU-s/learner':>15}{'exchange CPU ms/sync':>22}{'server CPU-s':>14}{'lag steps':>11}"
     print(header)
     print("-" * len(header))
     for r in results:
         server = f"{r.server_cpu_s:.1f}" if r.server_cpu_s is not None else "—"
         lag = f"{r.align_lag_steps:.0f}" if r.align_lag_steps is not None else "—"
+        exchange = f"{r.exchange_cpu_ms_per_sync:.0f}" if r.exchange_cpu_ms_per_sync is not None else "—"
         print(
             f"{r.arm:<14}{r.loop_s:8.2f}{r.throughput_ratio:8.2f}{r.blocked_ms_per_sync:17.1f}"
             f"{_mb(r.bytes_up_per_sync):>13}{_mb(r.bytes_down_per_sync):>14}{r.eval_loss:11.3f}"
-            f"{r.loop_cpu_s:15.2f}{server:>14}{lag:>11}"
+            f"{r.loop_cpu_s:15.2f}{exchange:>22}{server:>14}{lag:>11}"
         )
     print(
         "× bare: the bare loop's seconds ÷ the arm's, per repeat; MB per learner, most first (GradientMail: the node\n"
         "that ran the syncer, then the other), counted at the mailbox; torchft's from 2(n−1)/n × 4 B × parameters\n"
-        "(gloo ring allreduce). lag steps: from a round's publish to training on its commit."
+        "(gloo ring allreduce). exchange CPU: the arm's loop CPU less the bare loop's, per sync, every thread of\n"
+        "the learner's process. lag steps: from a round's publish to training on its commit."
     )
 
 
