@@ -37,6 +37,10 @@ SeaweedFS). torchft runs in this environment if it has torchft, else in its own,
 runs/.venv-torchft, created on first use with torch pinned by constraints.txt (the same torch
 as here), or under ``--torchft-python``.
 
+Cores: with a core per learner besides one for the server, the server (SeaweedFS, the
+lighthouse) runs alone on the highest core and the learners on the others, in every arm
+(:func:`core_plan`); with fewer, nothing is pinned, and the table says which.
+
 Writes ``runs/peer-torchft-<UTC time>/result.json`` (``--json``); prints a table and the
 target: GradientMail on S3's throughput ratio at least torchft's.
 """
@@ -44,6 +48,7 @@ target: GradientMail on S3's throughput ratio at least torchft's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -138,6 +143,38 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+# -- cores -------------------------------------------------------------------------------------
+
+
+def core_plan(cpus: set[int], learners: int) -> tuple[set[int], set[int]] | None:
+    """The server's core and the learners' cores, where the machine allows it: with at least one
+    core per learner besides the server's, the server (SeaweedFS or the lighthouse, whichever
+    the arm has) gets the highest core to itself and the learners the rest, in every arm, so
+    no arm's learners compete with a server for their cores and none is favoured. None with
+    fewer cores: nothing is pinned (this 2-core machine)."""
+    if len(cpus) < learners + 1:
+        return None
+    server = max(cpus)
+    return {server}, cpus - {server}
+
+
+def pin_process(pid: int, cores: set[int]) -> None:
+    """Every thread of a running process onto ``cores`` (a thread's affinity is its own, so the
+    server's threads started before this are moved one by one; later ones inherit)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+            os.sched_setaffinity(int(task.name), cores)
+
+
+PLAN = core_plan(set(os.sched_getaffinity(0)), LEARNERS) if hasattr(os, "sched_getaffinity") else None
+"""This machine's plan (None: nothing pinned); printed with the table and kept in result.json."""
+
+
+def _pin_learner() -> None:  # in the learner's process, before exec: every thread it starts inherits
+    if PLAN is not None:
+        os.sched_setaffinity(0, PLAN[1])
+
+
 # -- running one arm ---------------------------------------------------------------------------
 
 
@@ -154,7 +191,9 @@ def run_learners(
         log = (workdir / f"learner-{rank}.log").open("w")
         path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p] + [str(ROOT)]
         worker_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(path)}
-        processes.append(subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env))
+        processes.append(
+            subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=worker_env, preexec_fn=_pin_learner)
+        )
         log.close()
     try:
         deadline = time.monotonic() + timeout_s
@@ -294,6 +333,8 @@ def run_trial(
         env = seaweed.server.env
         url = seaweed.server.url(f"peer-{repeat}-{int(time.time())}")
         arm_args = ["--arm", "gradientmail", "--mailbox", url, *gm_args]
+    if server_pid and PLAN is not None:
+        pin_process(server_pid, PLAN[0])
     try:
         cpu_before = process_cpu_s(server_pid) if server_pid else 0.0
         learners = run_learners(workdir, python, arm_args, common, env, args.timeout)
@@ -329,6 +370,10 @@ def print_table(results: list[ArmResult], parameters: int, repeats: int) -> None
     print(
         f"\n{parameters:,} fp32 parameters ({4 * parameters / 1e6:.2f} MB), {LEARNERS} learners, medians of {repeats} repeat(s)"
     )
+    if PLAN is None:
+        print(f"cores: not pinned ({os.cpu_count()} cores: a server core needs at least {LEARNERS + 1})")
+    else:
+        print(f"cores: the server on {sorted(PLAN[0])}, the learners on {sorted(PLAN[1])}, in every arm")
     header = f"{'arm':<14}{'loop s':>8}{'× bare':>8}{'blocked ms/sync':>17}{'MB up/sync':>13}{'MB down/sync':>14}"
     header += f"{'eval loss':>11}{'CPU-s/learner':>15}{'exchange CPU ms/sync':>22}{'server CPU-s':>14}{'lag steps':>11}"
     print(header)
@@ -460,6 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             "torchft": TORCHFT_REQUIREMENT if "torchft" in results else None,
             "torch": trials["bare"][0]["learners"][0]["torch_version"],
             "cpus": os.cpu_count(),
+            "pinned": None if PLAN is None else {"server": sorted(PLAN[0]), "learners": sorted(PLAN[1])},
         },
         "arms": {arm: asdict(r) for arm, r in results.items()},
         "target": target,

@@ -53,3 +53,39 @@ def test_quick_run_without_torchft(tmp_path: Path) -> None:
     assert len(arm["bytes_up_per_sync"]) == 2 and arm["bytes_up_per_sync"][0] >= arm["bytes_up_per_sync"][1]
     assert result["target"]["met"] is None
     assert not (tmp_path / "work").exists()  # removed without --keep
+
+
+def test_the_server_gets_a_core_of_its_own_only_where_the_machine_has_one_to_spare() -> None:
+    from benchmarks.peer_torchft import core_plan
+
+    assert core_plan({0, 1}, 2) is None  # this machine: nothing pinned
+    assert core_plan({0, 1, 2}, 2) == ({2}, {0, 1})
+    assert core_plan({0, 1, 2, 3, 4, 5, 6, 7}, 2) == ({7}, {0, 1, 2, 3, 4, 5, 6})
+    assert core_plan({4, 9, 12}, 2) == ({12}, {4, 9})  # the cores this process may use, whatever their numbers
+
+
+def test_pinning_moves_every_thread_of_a_running_process() -> None:
+    import os
+    import threading
+
+    from benchmarks.peer_torchft import pin_process
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import threading, time; [threading.Thread(target=time.sleep, args=(30,)).start() for _ in range(3)]; time.sleep(30)",
+        ]
+    )
+    try:
+        threads = Path(f"/proc/{child.pid}/task")
+        for _ in range(200):  # at most 10 s for its threads to start
+            if len(list(threads.iterdir())) >= 4:
+                break
+            threading.Event().wait(0.05)
+        core = min(os.sched_getaffinity(0))
+        pin_process(child.pid, {core})
+        assert {frozenset(os.sched_getaffinity(int(task.name))) for task in threads.iterdir()} == {frozenset({core})}
+    finally:
+        child.kill()
+        child.wait()
