@@ -5,7 +5,7 @@
 What a node spends on a blob besides moving its bytes is hashing: the record needs the blob's
 sha256, and botocore by default hashes every body again (a CRC32 on every PutObject and, over
 http, the sha256 of SigV4 payload signing; a CRC32 check of every GetObject). The mailbox hashes
-each byte once per side (``put_sha256``/``get_sha256``; docs/mailbox.md, "Integrity").
+each byte once per side (``put_sha256``/``get_sha256``; docs/protocol.md, "Integrity").
 
 The reference is plain boto3 with its default configuration doing the same job: ``put_object``
 plus ``hashlib.sha256`` of the body for the record (the writer), ``get_object`` plus the sha256

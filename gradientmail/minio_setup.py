@@ -426,13 +426,17 @@ def add_wait_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_mailbox_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mailbox",
         default=os.environ.get("GRADIENTMAIL_MAILBOX"),
         help="the run's mailbox URL, s3://bucket/prefix?endpoint=http://host:9000 or minio://host:9000/bucket/prefix "
         "(default: GRADIENTMAIL_MAILBOX)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_mailbox_argument(parser)
     parser.add_argument("--user", default="gradientmail-learner", help="the learners' MinIO user (access key)")
     parser.add_argument("--out", type=Path, help=f"directory for {ENV_FILE} and {CREDENTIALS_FILE} (mode 0600)")
     parser.add_argument("--owner", help="UID:GID to own the written files (when run as root)")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import secrets
 from pathlib import Path
 from typing import Any
@@ -96,11 +95,7 @@ def prepare_bucket(target: Target, root_user: str, root_password: str, wait_s: f
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--mailbox",
-        default=os.environ.get("GRADIENTMAIL_MAILBOX"),
-        help="the run's mailbox URL, s3://bucket/prefix?endpoint=http://host:9000 (default: GRADIENTMAIL_MAILBOX)",
-    )
+    minio_setup.add_mailbox_argument(parser)
     step = parser.add_mutually_exclusive_group(required=True)
     step.add_argument("--identities", type=Path, help="before the server starts: write its -s3.config file here")
     step.add_argument("--bucket", action="store_true", help="once the server answers: create the bucket, set the lifecycle")

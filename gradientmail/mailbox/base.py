@@ -137,8 +137,7 @@ class HashingGet(Protocol):
 class HashingPut(Protocol):
     """An optional capability of a store (checked with ``isinstance``): a write that also
     returns the sha256 of what it stored, taken in the store's one pass over the bytes, so a
-    blob's digest costs no pass of its own and the payload is hashed once on the writer's side
-    (docs/algorithms.md does not change: the digest is the record's ``sha256``). The S3 store
+    blob's digest (its record's ``sha256``) costs no pass of its own. The S3 store
     hands that digest to the server as the object's ``x-amz-checksum-sha256``, which refuses a
     body that does not match (``BadDigest``), in place of botocore's own checksum and payload
     signing passes. Stores without it are written with :meth:`Mailbox.put` and hashed apart."""

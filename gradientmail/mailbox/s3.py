@@ -287,11 +287,7 @@ class S3Mailbox:
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> str:
-        object_key = self._object_key(key)
-        try:
-            return self._write("PutObject", object_key, as_payload(data), {})[0]
-        except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
-            raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
+        return self._put(key, data, hashed=False)[0]
 
     def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
         """:meth:`put`, and the sha256 (hex) of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`),
@@ -300,9 +296,12 @@ class S3Mailbox:
         damaged on the way); a multipart upload hashes in this thread while its parts are sent
         (S3 has no whole-object sha256 for parts: TLS, or TCP over http, guards them, and every
         reader checks the record's sha256)."""
+        return self._put(key, data, hashed=True)
+
+    def _put(self, key: str, data: bytes, *, hashed: bool) -> tuple[str, str]:
         object_key = self._object_key(key)
         try:
-            return self._write("PutObject", object_key, as_payload(data), {}, hashed=True)
+            return self._write("PutObject", object_key, as_payload(data), {}, hashed=hashed)
         except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
             raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
 
@@ -370,7 +369,7 @@ class S3Mailbox:
         s3_options: Any = {"payload_signing_enabled": False}  # botocore's _S3Dict
         if self._addressing_style:
             s3_options["addressing_style"] = self._addressing_style
-        # One hash per byte (docs/mailbox.md, "Integrity"): botocore would hash every body again,
+        # One hash per byte (docs/protocol.md, "Integrity"): botocore would hash every body again,
         # a CRC32 by default and, over http, the sha256 of SigV4 payload signing, and check a CRC
         # of every download. Blobs carry our sha256 instead (put_sha256: checked by the server;
         # get_sha256: checked against the record); headers stay signed.
