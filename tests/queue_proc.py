@@ -22,9 +22,10 @@ def main() -> None:
     parser.add_argument("--steps-per-unit", type=int, default=5)
     parser.add_argument("--step-sleep", type=float, default=0.02)
     parser.add_argument("--state-dir", default=None)
+    parser.add_argument("--lease-ttl", type=float, default=1.0)
     args = parser.parse_args()
     model = {"w": np.zeros(16, np.float32)}
-    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir=args.state_dir, save_state_every=1)
+    options = gm.SessionOptions(lease_ttl_s=args.lease_ttl, poll_interval_s=0.05, state_dir=args.state_dir, save_state_every=1)
     algorithm = gm.DiLoCo(sync_every=10, fragments=1)
     with gm.Session(model, algorithm=algorithm, mailbox=args.mailbox, learner_id=args.learner_id, options=options) as session:
         queue = session.queue("shards", units=args.units)

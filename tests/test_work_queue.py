@@ -79,10 +79,16 @@ def test_learners_that_disagree_on_the_queue_size_are_refused(tmp_path):
         queue_of(store, "b", clock, units=0)
 
 
+# Longer than a learner process takes to start on a loaded machine: the survivors of the kill may
+# run out of units of their own before the victim's restart is up, and must not take its unit over
+# meanwhile (rule 3, tested on a fake clock above); the restart takes it back (rule 1).
+RESTART_TTL_S = 20.0
+
+
 def start(url: str, name: str, workdir: Path, incarnation: int) -> tuple[subprocess.Popen[str], Path]:
     log = workdir / f"{name}-{incarnation}.log"
     command = [sys.executable, "-m", "tests.queue_proc", "--mailbox", url, "--learner-id", name]
-    command += ["--state-dir", str(workdir / "state")]
+    command += ["--state-dir", str(workdir / "state"), "--lease-ttl", str(RESTART_TTL_S)]
     return subprocess.Popen(command, cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, text=True), log
 
 
