@@ -600,7 +600,7 @@ def run(
         else "audit not available: unverified, not counted as lost" if not audit["available"]
         else "the audit failed: counted as lost"
     )  # fmt: skip
-    bound = TTL_S + idle_interval(POLL_S, TTL_S, POLL_S) + POLL_S  # INV-6; the workers' idle pace is the default, a poll
+    bound = TTL_S + idle_interval(POLL_S, TTL_S) + POLL_S  # INV-6; the workers' idle pace is the default, TTL/3
     takeovers = [asdict(t) for t in monitor.takeovers]
     times = [t["takeover_s"] for t in takeovers if t["takeover_s"] is not None]
     worst = max(times) if times else None

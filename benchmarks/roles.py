@@ -38,6 +38,7 @@ from pathlib import Path
 
 import gradientmail as gm
 from benchmarks.quality import ROOT, Arm, gradientmail_arm
+from gradientmail.polling import idle_interval
 from gradientmail.store import RunStore
 
 ARMS = {
@@ -116,7 +117,7 @@ def takeover(workdir: Path, steps: int) -> tuple[float, float]:
             raise SystemExit("the dedicated syncer committed nothing in 600 s")
         spec = store.read_spec()
         options = gm.SessionOptions()
-        idle = options.idle_poll_interval_s or options.poll_interval_s
+        idle = idle_interval(options.poll_interval_s, spec.lease_ttl_s, options.idle_poll_interval_s)
         bound = spec.lease_ttl_s + idle + options.poll_interval_s
         syncer.send_signal(signal.SIGKILL)
         syncer.wait()

@@ -17,12 +17,15 @@ Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hoo
 requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
 pass, each learner's publish and each learner's fetch of the commit (``newest_version``,
 ``read_round``, ``read_params``: what the exchange does when a commit appears), for M = 2, 4, 8 at
-``--count-mb`` and for the timed round at ``--mb``. Idle: real ``gm.Session`` learners (NumPy
-model, the cost-saving idle pace `IDLE_OPTIONS`; every node also stands for syncer) joined to a run, not stepping, for
-``--idle-s`` seconds after ``--settle-s``, 1, 3 and 8 of them (``--idle-only`` measures just
-these, taking the round's requests from ``--round-requests``). Then a day of 8 learners committing once a minute at
-AWS S3 list prices. Target: requests per committed round grow with the contributions merged, not
-with learners × poll rate.
+``--count-mb`` and for the timed round at ``--mb``. Idle: real ``gm.Session`` learners at the
+shipped defaults (NumPy model; every node also stands for syncer) joined to a run, not stepping,
+for ``--idle-s`` seconds after ``--settle-s``, 1, 3 and 8 of them (``--idle-only`` measures just
+these, taking the round's requests from ``--round-requests``). Training: ``--train-learners``
+real sessions at the defaults stepping on threads so that the run commits once per
+``--train-period-s`` (8 learners, once a minute), counted for ``--train-s`` seconds: a day of
+their requests at AWS S3 list prices, beside the model (rounds × the round's requests + a day of
+idle polling). Targets: idle ≤ 1 request per learner per second (the worst learner count), and
+the measured day ≤ $6.
 """
 
 from __future__ import annotations
@@ -68,6 +71,10 @@ LEASE_TTL_S = 600.0
 """The timed rounds' lease TTL (see ``one_round``)."""
 """The fragment's parameters are split into this many equal tensors."""
 ROUNDS_PER_DAY = 1440
+TARGET_IDLE_PER_S = 1.0
+"""Idle requests per learner per second at the shipped defaults (the speed issue's target)."""
+TARGET_USD_PER_DAY = 6.0
+"""8 learners committing once a minute, a day of their requests at list prices."""
 DAY_S = 86400.0
 COST_LEARNERS = 8
 ROUND_INTERVAL_S = 60.0
@@ -447,40 +454,73 @@ def phase_table(
     return phases, written
 
 
-# -- idle learners -----------------------------------------------------------------------------
-IDLE_OPTIONS = gm.SessionOptions(idle_poll_interval_s=gm.SessionOptions().lease_ttl_s / 3)
-"""The idle learners' options: the cost-saving idle pace, a third of the lease TTL (docs/session.md,
-"Polling"). The default idle pace is ``poll_interval_s``, about ten times the requests."""
-
-
+# -- idle and training learners -------------------------------------------------------------------
 def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -> dict[str, Any]:
-    """``k`` real ``gm.Session`` learners (``IDLE_OPTIONS``) joined to one run, idle for ``idle_s``."""
+    """``k`` real ``gm.Session`` learners (the shipped defaults) joined to one run, idle for ``idle_s``."""
+    return _learners(weed, k, idle_s, settle_s, step_s=None)
+
+
+def training_learners(weed: Seaweed, k: int, period_s: float, seconds: float, settle_s: float) -> dict[str, Any]:
+    """``k`` real ``gm.Session`` learners (the shipped defaults, ``sync_every=SYNC_EVERY``), each
+    stepping every ``period_s / SYNC_EVERY`` seconds on its own thread, so that the run commits
+    about once per ``period_s``; their requests for ``seconds`` after ``settle_s``, with the
+    versions committed meanwhile."""
+    return _learners(weed, k, seconds, settle_s, step_s=period_s / SYNC_EVERY)
+
+
+SYNC_EVERY = 100
+
+
+def _learners(weed: Seaweed, k: int, seconds: float, settle_s: float, *, step_s: float | None) -> dict[str, Any]:
     server = weed.server
-    prefix = f"bench-idle/{k}-{uuid.uuid4().hex[:8]}"
+    kind = "idle" if step_s is None else "train"
+    prefix = f"bench-{kind}/{k}-{uuid.uuid4().hex[:8]}"
     counters = [RequestCounter() for _ in range(k)]
     boxes = [counted_mailbox(server, prefix, c) for c in counters]
-    sessions = []
-    algorithm = gm.DiLoCo(sync_every=100)
+    sessions: list[gm.Session] = []
+    models: list[dict[str, np.ndarray]] = []
+    stop = threading.Event()
+    algorithm = gm.DiLoCo(sync_every=SYNC_EVERY)
+    options = gm.SessionOptions()
+
+    def train(session: gm.Session, model: dict[str, np.ndarray]) -> None:
+        assert step_s is not None
+        while not stop.is_set():
+            model["layer.weight"] += np.float32(1e-4)
+            session.step(samples=8)
+            stop.wait(step_s)
+
+    threads = []
     try:
         for i, box in enumerate(boxes):
             model = {"layer.weight": np.zeros(1024, np.float32)}
             session = gm.Session(
-                model, algorithm=algorithm, mailbox=box, learner_id=f"idle-{i}", backend="numpy", options=IDLE_OPTIONS
+                model, algorithm=algorithm, mailbox=box, learner_id=f"{kind}-{i}", backend="numpy", options=options
             )
             session.open()
             sessions.append(session)
-        time.sleep(settle_s)  # the election settles; one-time checks done
+            models.append(model)
+        if step_s is not None:
+            threads = [threading.Thread(target=train, args=pair, daemon=True) for pair in zip(sessions, models, strict=True)]
+            for thread in threads:
+                thread.start()
+        time.sleep(settle_s)  # the election settles; one-time checks done; training reaches its pace
+        version_before = _newest(boxes[0])  # before the count begins, as the one after it ends
         before = [c.requests() for c in counters]
         start = time.monotonic()
-        time.sleep(idle_s)
+        time.sleep(seconds)
         elapsed = time.monotonic() - start
         after = [c.requests() for c in counters]
+        commits = _newest(boxes[0]) - version_before
         nodes = []
         for session, b, a in zip(sessions, before, after, strict=True):
             syncer = session.syncer
             per_s = {op: n / elapsed for op, n in s3_requests.diff(a, b).items()}
             nodes.append({"learner": session.learner_id, "leader": bool(syncer and syncer.election.is_leader), "per_s": per_s})
     finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
         for session in sessions:
             session.close(wait=False)
         for box in boxes:
@@ -488,16 +528,18 @@ def idle_learners(weed: Seaweed, k: int, idle_s: float, settle_s: float = 1.5) -
     total = s3_requests.add(*(n["per_s"] for n in nodes))
     return {
         "learners": k,
-        "idle_s": elapsed,
-        "options": {
-            "poll_interval_s": IDLE_OPTIONS.poll_interval_s,
-            "lease_ttl_s": IDLE_OPTIONS.lease_ttl_s,
-            "idle_poll_interval_s": IDLE_OPTIONS.idle_poll_interval_s,
-        },
+        "seconds": elapsed,
+        "step_s": step_s,
+        "commits": commits,
+        "options": {"poll_interval_s": options.poll_interval_s, "lease_ttl_s": options.lease_ttl_s, "idle_poll_interval_s": None},
         "nodes": nodes,
         "total_per_s": total,
         "per_learner_per_s": {op: n / k for op, n in total.items()},
     }
+
+
+def _newest(box: gm.S3Mailbox) -> int:
+    return RunStore(box).newest_version(0) or 0
 
 
 def idle_at(idle: list[dict[str, Any]], k: int) -> dict[str, float]:
@@ -568,6 +610,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--settle-s", type=float, default=8.0, help="seconds idle learners run before counting (election, backoffs settle)"
     )
+    parser.add_argument("--train-learners", type=int, default=COST_LEARNERS, help="learners of the training measurement")
+    parser.add_argument("--train-period-s", type=float, default=ROUND_INTERVAL_S, help="their sync period (seconds)")
+    parser.add_argument("--train-s", type=float, default=240.0, help="seconds of training measured")
+    parser.add_argument("--train-settle-s", type=float, default=30.0, help="seconds they train before counting")
     parser.add_argument("--json", type=Path, default=None, help="default: runs/round-<UTC time>/result.json")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 1 MB, M = 2, 2 s idle, 1 and 2 idle learners")
     parser.add_argument(
@@ -583,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.mb, args.m, args.count_m, args.idle_learners, args.idle_s, args.settle_s = 1.0, 2, "2,3", "1,2", 2.0, 1.5
+        args.train_learners, args.train_period_s, args.train_s, args.train_settle_s = 2, 3.0, 8.0, 4.0
     logging.basicConfig(level=logging.WARNING)
     merges = ["rda", "weighted_mean"] if args.merge == "both" else [args.merge]
     count_ms = sorted({int(x) for x in args.count_m.split(",") if x})
@@ -606,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
                     rounds.append(r)
                 counts = [one_round(weed, merges[0], m, args.count_mb, floor=False) for m in count_ms]
             idle = [idle_learners(weed, k, args.idle_s, args.settle_s) for k in idle_ks]
+            training = training_learners(weed, args.train_learners, args.train_period_s, args.train_s, args.train_settle_s)
         finally:
             weed.stop()
 
@@ -635,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         f"({fmt_counts(per_round_timed)}){' (given, not measured)' if not rounds else ''}"
     )
 
-    print(f"\n== idle requests per second (real gm.Session learners, idle pace TTL/3, nothing published, {args.idle_s:g} s) ==")
+    print(f"\n== idle requests per second (real gm.Session learners, the shipped defaults, not stepping, {args.idle_s:g} s) ==")
     for run in idle:
         per_learner = sum(run["per_learner_per_s"].values())
         leader = [n for n in run["nodes"] if n["leader"]]
@@ -650,7 +698,22 @@ def main(argv: list[str] | None = None) -> int:
             mean = s3_requests.add(*(n["per_s"] for n in others), scale=1 / len(others))
             print(f"    each other node:     {fmt_counts({op: round(n, 2) for op, n in mean.items()})}")
     rates = [(run["learners"], sum(run["per_learner_per_s"].values())) for run in idle]
-    per_learner_flat = rates[-1][1] <= 1.25 * rates[0][1] if len(rates) > 1 else None
+    worst_k, worst_idle = max(rates, key=lambda rate: rate[1])
+
+    train_per_s = training["total_per_s"]
+    train_total = sum(train_per_s.values())
+    commits_per_min = training["commits"] / training["seconds"] * 60
+    per_commit = train_total * training["seconds"] / training["commits"] if training["commits"] else float("inf")
+    print(
+        f"\n== {training['learners']} learners training, the shipped defaults, sync period {args.train_period_s:g} s "
+        f"({training['step_s']:.3f} s steps × {SYNC_EVERY}), {training['seconds']:.0f} s =="
+    )
+    print(
+        f"  {training['commits']} versions committed ({commits_per_min:.2f} a minute); {train_total:.2f} requests/s in all, "
+        f"{train_total / training['learners']:.2f}/s per learner, {per_commit:.0f} per committed version"
+    )
+    print(f"  by operation, per learner: {fmt_counts({op: round(n, 2) for op, n in training['per_learner_per_s'].items()})}")
+    train_day = s3_requests.daily_cost({op: n * DAY_S for op, n in train_per_s.items()})
 
     idle_per_s = idle_at(idle, COST_LEARNERS)
     per_round_day = {op: n * ROUNDS_PER_DAY for op, n in per_round_timed.items()}
@@ -666,31 +729,40 @@ def main(argv: list[str] | None = None) -> int:
         f"  prices: {s3_requests.PRICES_AS_OF}: PUT/COPY/POST/LIST $0.005 per 1,000; GET/HEAD and others $0.0004 "
         f"per 1,000; DELETE free"
     )
-    for name, c in (("per round", cost_round), ("idle polling", cost_idle), ("total", cost_all)):
+    for name, c in (
+        ("measured", train_day),
+        ("model: rounds", cost_round),
+        ("model: idle", cost_idle),
+        ("model: total", cost_all),
+    ):
         print(
-            f"  {name:<13} PUT-class {c['put_requests']:>11,.0f}  GET-class {c['get_requests']:>11,.0f}  "
+            f"  {name:<14} PUT-class {c['put_requests']:>11,.0f}  GET-class {c['get_requests']:>11,.0f}  "
             f"DELETE {c['delete_requests']:>9,.0f}   ${c['total_usd']:8.2f}/day"
         )
+    measured_at = (training["learners"], args.train_period_s)
+    print(
+        f"  measured: {training['learners']} learners training at a {args.train_period_s:g} s period, a day of their requests"
+        f"{'' if measured_at == (COST_LEARNERS, ROUND_INTERVAL_S) else ' (not the target setting: no verdict)'}; "
+        "model: the timed round's requests per round and the idle learners' per second"
+    )
     if COST_LEARNERS not in {run["learners"] for run in idle}:
         print(f"  (idle polling at {COST_LEARNERS} learners extrapolated from the measured counts, per learner never falling)")
 
     round_requests = sum(per_round_timed.values())
-    polling_per_round = sum(idle_per_s.values()) * ROUND_INTERVAL_S
-    polling_bounded = polling_per_round <= round_requests
-    target2 = grows is True and per_learner_flat is True and polling_bounded
+    idle_met = worst_idle <= TARGET_IDLE_PER_S
+    cost_met = train_day["total_usd"] <= TARGET_USD_PER_DAY if measured_at == (COST_LEARNERS, ROUND_INTERVAL_S) else None
     print("\n== targets ==")
     for r in rounds:
         if "ratio" in r:
             met = verdict(r["ratio"] <= TARGET_RATIO)
             print(f"  whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {r['merge']}: {r['ratio']:.2f}× {met}")
     print(
-        "  S3 requests per committed round grow with the contributions merged, not with learners × poll rate: "
-        f"{verdict(target2)}\n"
-        f"    grows with M ({', '.join(f'M={m}: {n:.0f}' for m, n in series)}): {verdict(grows)}\n"
-        f"    idle requests per learner flat in the learner count "
-        f"({', '.join(f'{k}: {r:.2f}/s' for k, r in rates)}; ≤ 1.25× from fewest to most): {verdict(per_learner_flat)}\n"
-        f"    polling between two rounds a minute apart ({polling_per_round:.0f} requests, {COST_LEARNERS} learners) "
-        f"≤ the round's own ({round_requests:.0f}): {verdict(polling_bounded)}"
+        f"  idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second at the defaults, worst of "
+        f"{', '.join(f'{k}: {r:.2f}/s' for k, r in rates)}: {worst_idle:.2f}/s at {worst_k} {verdict(idle_met)}\n"
+        f"  {COST_LEARNERS} learners committing once a minute ≤ ${TARGET_USD_PER_DAY:g}/day at list prices, measured: "
+        f"${train_day['total_usd']:.2f}/day {verdict(cost_met)}\n"
+        f"  (information) requests per committed round grow with the contributions merged "
+        f"({', '.join(f'M={m}: {n:.0f}' for m, n in series)}): {verdict(grows)}; the timed round's own: {round_requests:.0f}"
     )
 
     result = {
@@ -700,12 +772,14 @@ def main(argv: list[str] | None = None) -> int:
         "count_rounds": counts,
         "per_round_fit": fit,
         "idle": idle,
+        "training": training,
         "cost": {
             "prices": s3_requests.PRICES_AS_OF,
             "usd_per_request": s3_requests.PRICES,
             "learners": COST_LEARNERS,
             "rounds_per_day": ROUNDS_PER_DAY,
             "idle_per_s": idle_per_s,
+            "measured": train_day,
             "per_round": cost_round,
             "idle_polling": cost_idle,
             "total": cost_all,
@@ -714,9 +788,10 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": {r["merge"]: r.get("ratio") for r in rounds},
             "ratio_met": all(r.get("ratio", 0) <= TARGET_RATIO for r in rounds),
             "requests_grow_with_m": grows,
-            "idle_per_learner_flat": per_learner_flat,
-            "polling_below_round": polling_bounded,
-            "requests_met": target2,
+            "idle_per_learner_worst": worst_idle,
+            "idle_met": idle_met,
+            "usd_per_day_measured": train_day["total_usd"],
+            "cost_met": cost_met,
         },
     }
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -127,6 +127,14 @@ class PollingLoop:
         """Run the next pass now instead of after the pause."""
         self._wake.set()
 
+    def take_wake(self) -> bool:
+        """Whether a wake-up is pending, clearing it: what the thread does as each pass begins
+        (a wake-up during the pass still runs the next one at once). Public for a harness that
+        runs the passes itself on a fake clock."""
+        woken = self._wake.is_set()
+        self._wake.clear()
+        return woken
+
     def hurry(self, for_s: float = HURRY_S) -> None:
         """Poll fast for at most ``for_s`` seconds: pauses from ``fast_interval_s`` growing back
         to ``interval_s``; a hurry under way restarts at its fastest pace. From another thread
@@ -175,7 +183,7 @@ class PollingLoop:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            self._wake.clear()  # a wake-up during the pass below still runs the next pass at once
+            self.take_wake()  # a wake-up during the pass below still runs the next pass at once
             try:
                 self._run_pass()
             except GradientMailError as exc:  # the store hiccuped: try again next pass

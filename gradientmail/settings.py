@@ -172,8 +172,7 @@ class NodeSettings(BaseSettings):
     a round is expected."""
     idle_poll_interval_s: float | None = _SESSION.idle_poll_interval_s
     """Seconds between the passes that only look for news while nothing is expected (and between
-    lease reads); unset: ``poll_interval_s``. A third of the lease TTL cuts idle S3 requests about tenfold
-    (docs/operations.md)."""
+    lease reads); unset: a third of the lease TTL (docs/session.md, "Polling")."""
     role: Literal["both", "learner", "either", "syncer"] = "both"
     """``both``: train and take part in the syncer election; ``learner``: only train; ``either``:
     like ``both``, but stop training while elected and another node trains; ``syncer``: only

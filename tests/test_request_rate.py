@@ -9,161 +9,35 @@ number of learners, and failover, dead-learner detection and commits must still 
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
-
 import numpy as np
 
 import gradientmail as gm
-from gradientmail.backends import get_backend
-from gradientmail.session.exchange import Exchange
-from gradientmail.session.fragment import LearnerFragment
-from gradientmail.session.join import RunProposal, join_run
-from gradientmail.session.node_loops import LoopPass, NodeLoops
-from gradientmail.store import ContributionCounts, RunSpec, RunStore
-from gradientmail.syncer import SyncerRuntime
-from gradientmail.syncer.runtime import IDLE_COLLECT_MAX_S
-from tests.fake_clock import FakeClock
-
-NUMPY = get_backend("numpy")
-TTL_S = 10.0
-POLL_S = 0.2
-IDLE_S = TTL_S / 3
-_OPS = frozenset({"get", "get_versioned", "head", "exists", "put", "create", "swap", "list", "delete"})
-
-
-class CountingMailbox:
-    """Forwards to a mailbox, counting each request-making call by name."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.counts: Counter[str] = Counter()
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._inner, name)
-        if name not in _OPS:
-            return attr
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            self.counts[name] += 1
-            return attr(*args, **kwargs)
-
-        return call
-
-
-@dataclass
-class Node:
-    name: str
-    box: CountingMailbox
-    store: RunStore
-    loops: NodeLoops | None = None
-    lease_info: Callable[[], dict[str, object]] = dict
-    """What the node's lease says at each renewal (a test may change it)."""
-    passes: list[LoopPass] = field(default_factory=list)
-    next_at: list[float] = field(default_factory=list)
-    alive: bool = True
-    lease_alive: bool = True
-
-    @property
-    def exchange(self) -> Exchange:
-        assert self.loops is not None
-        return self.loops.exchange
-
-    @property
-    def syncer(self) -> SyncerRuntime:
-        assert self.loops is not None and self.loops.syncer is not None
-        return self.loops.syncer
-
-
-class Sim:
-    """``k`` nodes of one run, their loops' passes run in due order on a fake clock: each node is
-    the library's own wiring (``NodeLoops``), its threads never started."""
-
-    def __init__(self, k: int, quorum: int = 2) -> None:
-        self.clock = FakeClock()
-        shared = gm.MemoryMailbox()
-        algorithm = gm.DiLoCo(sync_every=100, fragments=1, quorum_size=quorum)
-        self.spec: RunSpec
-        self.spec, _ = join_run(
-            RunStore(shared), NUMPY, {"w": np.zeros(8, np.float32)}, RunProposal(algorithm, lease_ttl_s=TTL_S), "creator"
-        )
-        self.anchor = RunStore(shared).read_params(self.spec, RunStore(shared).read_round(0, 0))
-        self.nodes: list[Node] = []
-        for i in range(k):
-            box = CountingMailbox(shared)
-            node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
-            node.loops = NodeLoops(
-                node.store,
-                self.spec,
-                node.name,
-                [LearnerFragment.joined(0, ["w"], self.anchor, 0)],
-                backend=NUMPY,
-                poll_interval_s=POLL_S,
-                idle_interval_s=None,
-                on_change=lambda: None,
-                lease_info=lambda node=node: node.lease_info(),
-                clock=self.clock,
-            )
-            node.loops.start(threads=False)  # the first lease renewal and election pass
-            node.passes = node.loops.passes()
-            node.next_at = [0.0] * len(node.passes)
-            self.nodes.append(node)
-
-    def run_until(self, end: float, until: Callable[[], bool] | None = None) -> None:
-        while True:
-            due = [(at, n, i) for n, node in enumerate(self.nodes) if node.alive for i, at in enumerate(node.next_at)]
-            at, n, i = min(due)
-            if at > end:
-                self.clock.now = end
-                return
-            self.clock.now = max(self.clock.now, at)
-            node = self.nodes[n]
-            loop_pass = node.passes[i]
-            if loop_pass.name != "lease" or node.lease_alive:
-                loop_pass.run()
-            node.next_at[i] = self.clock.now + max(loop_pass.loop.next_pause(), 1e-3)
-            if until is not None and until():
-                return
-
-    def leader(self) -> Node | None:
-        leaders = [node for node in self.nodes if node.alive and node.syncer.election.is_leader]
-        assert len(leaders) <= 1
-        return leaders[0] if leaders else None
-
-    def reset(self) -> None:
-        for node in self.nodes:
-            node.box.counts.clear()
-
-
-def idle_rates(k: int, seconds: float = 120.0) -> tuple[float, Counter[str]]:
-    """Requests per second per learner, and the calls by name, of ``k`` idle nodes."""
-    sim = Sim(k)
-    sim.run_until(2 * TTL_S)  # the election settles; one-time reads done
-    sim.reset()
-    start = sim.clock.now
-    sim.run_until(start + seconds)
-    total: Counter[str] = Counter()
-    for node in sim.nodes:
-        total.update(node.box.counts)
-    return sum(total.values()) / seconds / k, total
+from gradientmail.session.exchange import BULLETIN_CHECK_TTLS
+from gradientmail.store import ContributionCounts
+from gradientmail.syncer.pacing import HEAD_PROBE_TTLS
+from tests.node_sim import IDLE_S, POLL_S, TTL_S, Sim, idle_rates
 
 
 def test_idle_requests_per_learner_do_not_grow_with_the_learner_count():
-    one, by_op_one = idle_rates(1)
-    four, by_op_four = idle_rates(4)
-    eight, _ = idle_rates(8)
-    assert four <= one and eight <= four, (one, four, eight, by_op_one, by_op_four)
-    # Every node: a lease PUT, a HEAD and a LIST for its fragment, a read (or renewal) of the
-    # syncer lease, each once per TTL/3, and the head pointer's check (3 requests) once per 3
-    # TTLs. The elected node besides: a LIST of the learners' leases and a GET of each, and a
-    # HEAD of the fragment's next version, once per TTL/3, and a LIST of its contributions,
-    # backing off to one per IDLE_COLLECT_MAX_S.
-    every_node = 4 / IDLE_S + 3 / (3 * TTL_S)
-    for k, rate in ((1, one), (4, four), (8, eight)):
-        elected = (2 + k) / IDLE_S + 1 / IDLE_COLLECT_MAX_S
-        assert rate <= 1.05 * (every_node + elected / k), (k, rate)
+    """What each idle node reads, by the rules of docs/session.md "Polling", and that a learner's
+    share falls as learners are added (the elected node's reads are spread over more of them)."""
+    rates = {k: idle_rates(k) for k in (1, 2, 4, 8)}
+    per_learner = {k: rate for k, (rate, _) in rates.items()}
+    assert per_learner[8] <= per_learner[4] <= per_learner[2], per_learner
+    # Every node: a lease PUT and a read (or renewal) of the syncer lease, each once per TTL/3:
+    # the read is the election's watch, and the learner follows the bulletin in it without a
+    # request of its own; a node not elected checks one fragment from its head pointer (a GET
+    # and two HEADs) once per BULLETIN_CHECK_TTLS TTLs. The elected node besides: a LIST of the
+    # learners' leases and a GET of each but its own, once per TTL/3; a LIST of its
+    # contributions, backed off to once per TTL/3 (once per HEAD_PROBE_TTLS TTLs while no other
+    # learner trains); and a HEAD of the fragment's next version once per HEAD_PROBE_TTLS TTLs.
+    slow = HEAD_PROBE_TTLS * TTL_S
+    for k, rate in per_learner.items():
+        every_node = 2 / IDLE_S
+        check = 3 / (BULLETIN_CHECK_TTLS * TTL_S) * (k - 1) / k
+        collect = 1 / IDLE_S if k > 1 else 1 / slow
+        elected = (1 + (k - 1)) / IDLE_S + collect + 1 / slow
+        assert rate <= 1.05 * (every_node + check + elected / k), (k, rate, rates[k][1])
 
 
 def test_an_idle_learner_reads_no_lease_but_the_syncers():
@@ -175,8 +49,9 @@ def test_an_idle_learner_reads_no_lease_but_the_syncers():
     assert leader is not None
     for node in sim.nodes:
         if node is not leader:
-            assert node.box.counts["list"] <= 60.0 / IDLE_S + 1  # the watch for rounds others opened only
-            assert node.box.counts["get_versioned"] <= 60.0 / IDLE_S + 1  # the syncer lease only
+            assert node.box.counts["list"] == 0  # rounds others opened are in the syncer's bulletin
+            assert node.box.counts["exists"] == 0  # so are the fragments' new versions
+            assert node.box.counts["get_versioned"] <= 60.0 / IDLE_S + 1  # the syncer lease only, once per idle interval
     assert leader.box.counts["get_versioned"] <= 4 * (60.0 / IDLE_S + 1)  # the learners' leases
 
 
@@ -215,7 +90,9 @@ def test_a_dead_learner_is_dropped_by_the_syncer_within_a_ttl_and_an_idle_interv
 
 def test_a_contribution_from_another_process_is_committed_and_fetched_in_time():
     """A node with quorum 1 publishes after a quiet spell; the syncer sees it within its idle
-    listing pace, and an idle learner elsewhere has the commit within its idle interval."""
+    listing pace, and an idle learner elsewhere has the commit within its idle interval: the
+    syncer renews its lease with the new head at once, and the learner's election watch reads
+    it at the idle pace and hands it to the exchange."""
     sim = Sim(3, quorum=1)
     sim.run_until(3 * TTL_S)
     leader = sim.leader()
@@ -226,12 +103,12 @@ def test_a_contribution_from_another_process_is_committed_and_fetched_in_time():
     published_at = sim.clock.now
     sim.run_until(published_at + 10.0, until=lambda: leader.syncer.commits > 0)
     assert leader.syncer.commits == 1
-    assert sim.clock.now - published_at <= IDLE_COLLECT_MAX_S + POLL_S
+    assert sim.clock.now - published_at <= IDLE_S + POLL_S
     third = next(node for node in sim.nodes if node not in (leader, other))
     committed_at = sim.clock.now
     sim.run_until(committed_at + 10.0, until=lambda: third.exchange.known_versions[0] == 1)
     assert third.exchange.known_versions[0] == 1
-    assert sim.clock.now - committed_at <= IDLE_S + POLL_S
+    assert sim.clock.now - committed_at <= IDLE_S + 2 * POLL_S
 
 
 def test_the_syncer_lists_at_the_regular_pace_when_a_lease_says_a_contribution_is_due():
@@ -253,7 +130,7 @@ def test_the_syncer_lists_at_the_regular_pace_when_a_lease_says_a_contribution_i
     sim.run_until(sim.clock.now + IDLE_S + 5.0)  # the window's tail and the backoff's ramp
     sim.reset()
     sim.run_until(sim.clock.now + 60.0)  # no more due: back to the idle pace
-    assert leader.box.counts["list"] <= 60 / IDLE_COLLECT_MAX_S + 2 * 60 / IDLE_S + 2
+    assert leader.box.counts["list"] <= 2 * 60 / IDLE_S + 2  # its contributions and the leases, each per idle interval
 
 
 def test_a_learner_lease_says_when_its_next_contribution_is_due():

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from gradientmail.records import Lease
-from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
+from gradientmail.syncer.pacing import SyncerPacing
 
 POLL_S = 0.2
 IDLE_S = 10.0 / 3
 
 
-def lease(due_in_s: object) -> Lease:
-    return Lease(kind="learner", holder="a", sequence=1, ttl_s=10.0, info={"due_in_s": due_in_s})
+def lease(due_in_s: object, holder: str = "a", **info: object) -> Lease:
+    return Lease(kind="learner", holder=holder, sequence=1, ttl_s=10.0, info={"due_in_s": due_in_s, **info})
 
 
 def test_quiet_full_passes_back_off_to_the_cap_and_activity_resets_them() -> None:
@@ -23,7 +23,7 @@ def test_quiet_full_passes_back_off_to_the_cap_and_activity_resets_them() -> Non
         pace = pacing.end_pass(now, full=True, active=False, busy=False, leases_in_s=float("inf"))
         seen.append(pace.interval_s)
         now += pace.interval_s
-    assert seen == [0.4, 0.8, 1.6, IDLE_COLLECT_MAX_S, IDLE_COLLECT_MAX_S, IDLE_COLLECT_MAX_S]
+    assert seen == [0.4, 0.8, 1.6, 3.2, IDLE_S, IDLE_S]  # to the idle interval
     assert pacing.end_pass(now, full=False, active=True, busy=False, leases_in_s=float("inf")).interval_s == POLL_S
 
 
@@ -41,11 +41,11 @@ def test_a_lease_saying_a_contribution_is_due_opens_a_window_the_next_pass_is_ti
     pacing.expect(0.0, [lease(10.0), lease(True), lease(-1), lease("soon")])  # only the first is a hint
     assert pacing.expecting(0.0) == (False, pytest.approx(10.0 - IDLE_S))
     assert pacing.expecting(10.0) == (True, float("inf"))
-    pacing.collect_every_s = IDLE_COLLECT_MAX_S  # backed off after a quiet spell
+    pacing.collect_every_s = IDLE_S  # backed off after a quiet spell
     before = 10.0 - IDLE_S - 1.0  # the window opens in a second, before the next full pass
     assert pacing.start_pass(before)
     pace = pacing.end_pass(before, full=True, active=False, busy=False, leases_in_s=float("inf"))
-    assert pace.interval_s == IDLE_COLLECT_MAX_S and pace.pause_at_most_s == pytest.approx(POLL_S)
+    assert pace.interval_s == IDLE_S and pace.pause_at_most_s == pytest.approx(POLL_S)
     assert pacing.collect_every_s == POLL_S  # at the regular pace when it opens
 
 
@@ -56,3 +56,23 @@ def test_leases_are_read_at_poll_pace_while_a_round_waits_and_when_one_expires()
     assert pacing.leases_in(0.0, waiting=True, expiries_s=[]) == POLL_S
     assert pacing.leases_in(0.0, waiting=False, expiries_s=[1.0]) == 1.0
     assert pacing.leases_due(0.0) and not pacing.leases_due(1.0)
+
+
+def test_a_training_lease_without_a_due_time_opens_a_window_now_and_our_own_lease_none() -> None:
+    """A learner that trains (its step time known) and says nothing of its next contribution has
+    one due now; a learner not training yet (no step time), one that pauses, and this node's own
+    learner (its uploads wake the syncer in-process) open no window."""
+    pacing = SyncerPacing(POLL_S, IDLE_S, me="me")
+    pacing.expect(
+        0.0, [lease(None, step_time_s=0.0), lease(None, training=False, step_time_s=0.1), lease(None, "me", step_time_s=0.1)]
+    )
+    assert pacing.expecting(0.0) == (False, float("inf"))
+    pacing.expect(0.0, [lease(None, step_time_s=0.1)])
+    assert pacing.expecting(0.0)[0] and pacing.expecting(IDLE_S)[0] and not pacing.expecting(IDLE_S + 0.1)[0]
+
+
+def test_the_head_is_probed_once_per_its_own_interval_unless_forced() -> None:
+    pacing = SyncerPacing(POLL_S, IDLE_S, head_probe_s=30.0)
+    assert pacing.probe_head(0, 0.0, forced=False)
+    assert not pacing.probe_head(0, 29.0, forced=False) and pacing.probe_head(0, 29.0, forced=True)
+    assert pacing.probe_head(0, 59.5, forced=False)

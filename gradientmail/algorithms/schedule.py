@@ -16,6 +16,9 @@ The rules here decide when a fragment is due and what a due fragment does:
   uncommitted fragments; a due fragment beyond that is deferred until a slot frees.
 * **Overlap.** With ``overlap_steps`` set, a learner trains at most that many steps past a
   publish before it waits for the commit.
+* **Pace.** What happens between rounds is looked for at a pace set by the sync period
+  (:func:`look_interval`), by learners and by the syncer alike: a fixed number of looks per
+  period, between the poll and the idle interval.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ __all__ = [
     "first_due_step",
     "half_period",
     "joins_open_round",
+    "look_interval",
+    "LOOKS_PER_PERIOD",
     "must_wait_for_commit",
     "next_due",
     "on_schedule",
@@ -96,3 +101,18 @@ def slot_free(published_fragments: int, in_flight: int | None) -> bool:
 def must_wait_for_commit(steps_since_publish: int, overlap_steps: int | None) -> bool:
     """Whether the learner must wait for the commit of a fragment it published that long ago."""
     return overlap_steps is not None and steps_since_publish >= overlap_steps
+
+
+LOOKS_PER_PERIOD = 10
+"""Looks per sync period: a round another learner opened, a commit, a contribution the syncer
+expects are each seen within a tenth of the period that produced them (a ``live`` grace window
+waits a whole one)."""
+
+
+def look_interval(poll_interval_s: float, idle_interval_s: float, period_s: float | None) -> float:
+    """Seconds between two looks for what a sync period of ``period_s`` seconds brings: a tenth
+    of it, never faster than ``poll_interval_s`` nor slower than ``idle_interval_s`` (the idle
+    interval when no period is known: no step time yet, or not training)."""
+    if period_s is None or period_s <= 0:
+        return idle_interval_s
+    return min(idle_interval_s, max(poll_interval_s, period_s / LOOKS_PER_PERIOD))

@@ -10,13 +10,16 @@ the learner carries unmerged work, computes the correction θ_commit − θ_star
 (``align.carry_correction``) that alignment adds to the live parameters, so the training
 thread only writes. Each fragment's state is its :class:`LearnerFragment`.
 
-Polling (docs/session.md, "Polling"): after an upload the loop hurries (short pauses that back
-off to ``poll_interval_s`` within a bound) and probes only the fragments awaiting a commit;
-the full pass over every fragment, with the watch for rounds others opened, runs every
-``poll_interval_s`` while a commit is awaited and every ``idle_interval_s`` (a third of the
-lease TTL by default) while none is: an idle learner costs a HEAD and a LIST per fragment per
-idle interval and a lease PUT per TTL/3, whatever the number of learners.
-``commit_available()`` (the syncer in the same process) runs the next pass at once.
+Polling (docs/session.md, "Polling"; the rules are ``session.looking``): after an upload the
+loop hurries (short pauses that back off to ``poll_interval_s`` within a bound) and probes the
+fragments awaiting a commit, one HEAD each. The other fragments are looked at once per look
+interval, a tenth of the sync period (the idle interval while not training): a look follows the
+elected syncer's bulletin (``store.bulletin``: heads and open rounds, one GET of the syncer
+lease, or none when this node's election watch just read it or this node holds it) and probes
+only the fragments it says moved. Without a bulletin to follow, a look probes every fragment
+and lists the contributions on its version (rounds others opened). A fragment about to be due
+is probed once just before its publish. ``commit_available()`` (the syncer in the same
+process) runs the next pass at once.
 """
 
 from __future__ import annotations
@@ -31,13 +34,15 @@ import numpy as np
 
 from gradientmail.algorithms import align
 from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.algorithms.schedule import look_interval
 from gradientmail.backends.quantize import quantize, quantize_with_feedback
 from gradientmail.backends.quantized_payload import encode_parts
 from gradientmail.errors import CorruptPayload, DuplicateLearner, GradientMailError, IncompatiblePayload, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
-from gradientmail.records import RoundRecord
+from gradientmail.records import Lease, RoundRecord
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication, Residual
-from gradientmail.store import LearnerLease, RunSpec, RunStore
+from gradientmail.session.looking import LearnerSchedule, due_lead_s
+from gradientmail.store import UNKNOWN_HEAD, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
 
 __all__ = ["Exchange"]
 
@@ -45,8 +50,15 @@ log = logging.getLogger(__name__)
 
 _LATENCIES_KEPT = 1000
 HEAD_CHECK_TTLS = 3
-"""The learner starts from the head pointer instead of its known version once per this many
-lease TTLs (a learner left behind by retention still finds the newest version)."""
+"""Without a bulletin to follow, the learner starts from the head pointer instead of its known
+version once per this many lease TTLs (a learner left behind by retention still finds the newest
+version); following one, whenever the bulletin's head is more than one version ahead."""
+BULLETIN_CHECK_TTLS = 10
+"""Following another node's bulletin (a hint), the learner checks one fragment in turn from its
+head pointer once per this many lease TTLs: a bulletin that lags or lies hides a version from an
+idle learner for at most this many TTLs times the fragments (a training one probes each fragment
+before its publish anyway)."""
+_NO_SCHEDULE = LearnerSchedule()
 
 
 def _writable(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -61,7 +73,10 @@ class Exchange:
     ``overlap_steps`` and ``error_feedback``), the run's when None.
 
     ``lease_info`` says what the learner's lease tells observers; it is called at each
-    renewal (on the lease thread), never per step.
+    renewal (on the lease thread), never per step. ``schedule`` says where the training thread's
+    schedule is (``session.looking.LearnerSchedule``), read once per pass; ``own_bulletin``
+    gives this node's syncer bulletin while it holds the election (None otherwise), and
+    :meth:`note_syncer_lease` takes the syncer lease whenever this node's election watch reads it.
 
     Public passes (what the threads run, and what tests drive on a fake clock):
     :meth:`exchange_pass` and :meth:`renew_lease`, on :attr:`loop` and :attr:`lease_loop`.
@@ -82,6 +97,8 @@ class Exchange:
         idle_interval_s: float | None = None,
         on_published: Callable[[int], None] | None = None,
         algorithm: DiLoCo | None = None,
+        schedule: Callable[[], LearnerSchedule] | None = None,
+        own_bulletin: Callable[[], RoundsBulletin | None] | None = None,
     ) -> None:
         self._store = store
         self._spec = spec
@@ -91,14 +108,27 @@ class Exchange:
         self._lease_info = lease_info
         self._lease_loop = PollingLoop(f"gm-lease-{learner_id}", self.renew_lease, lease_ttl_s / 3)
         self._head_every_s = HEAD_CHECK_TTLS * lease_ttl_s
-        self._head_checked_at = float("-inf")
+        self._bulletin_check_every_s = BULLETIN_CHECK_TTLS * lease_ttl_s
+        self._head_checked_at = clock()  # it joined at the newest version
         self._clock = clock
         self._on_change = on_change
         self._outbox: queue.Queue[Publication] = queue.Queue()
         self._poll_interval_s = poll_interval_s
         self._idle_interval_s = idle_interval(poll_interval_s, lease_ttl_s, idle_interval_s)
         self._loop = PollingLoop(f"gm-exchange-{learner_id}", self.exchange_pass, self._idle_interval_s)
-        self._full_at = float("-inf")
+        self._looked_at = float("-inf")
+        self._schedule = schedule or (lambda: _NO_SCHEDULE)
+        self._own_bulletin = own_bulletin or (lambda: None)
+        self._noted: tuple[RoundsBulletin | None, float] | None = None
+        """The bulletin in the syncer lease this node's election watch read last, and when."""
+        self._next_head_check = 0
+        """The fragment a look that follows a bulletin checks from its head pointer next."""
+        self._followed_at = float("-inf")
+        """When a look last followed a bulletin (else it probes every fragment)."""
+        self._closes_at: dict[int, float] = {}
+        """Fragment → when the round our contribution is in closes, as the bulletin announced."""
+        self._probed_for_due: dict[int, int] = {}
+        """Fragment → the due step its head was probed ahead of."""
         learner = algorithm if algorithm is not None else spec.algorithm
         self._carry = bool(learner.carry_unmerged)
         self._overlap_steps = learner.overlap_steps
@@ -169,6 +199,11 @@ class Exchange:
         return self._lease_loop
 
     @property
+    def lease(self) -> Lease | None:
+        """This learner's lease as it last wrote it (None before the first renewal)."""
+        return self._lease.written
+
+    @property
     def known_versions(self) -> tuple[int, ...]:
         """The newest version of each fragment this exchange has fetched."""
         return tuple(fragment.known_version for fragment in self._fragments)
@@ -187,38 +222,168 @@ class Exchange:
         return self._outbox.unfinished_tasks == 0
 
     # -- the background side -------------------------------------------------------
-    @property
-    def full_interval_s(self) -> float:
-        """The pace of the full pass now: ``poll_interval_s`` while a commit is awaited, else the
-        idle interval."""
-        return self._poll_interval_s if self._awaiting() else self._idle_interval_s
+    def look_interval_s(self) -> float:
+        """Seconds between two looks at the fragments no commit is awaited of, at the learner's
+        current schedule (``session.looking.look_interval``)."""
+        return look_interval(self._poll_interval_s, self._idle_interval_s, self._schedule().period_s)
 
     def _awaiting(self) -> list[int]:
         return [fragment.index for fragment in self._fragments if fragment.awaiting]
 
+    def note_syncer_lease(self, found: LeaseRead | None) -> None:
+        """The syncer lease as this node's election watch just read it (on the election thread):
+        its bulletin serves the next look, and news in it wakes the loop now."""
+        bulletin = RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
+        self._noted = (bulletin, self._clock())
+        if bulletin is not None and (self._moved(bulletin) or self._rounds_opened(bulletin) != self.open_rounds):
+            self._loop.wake()
+
     def exchange_pass(self) -> None:
-        """One pass of the transfers' loop: upload what was handed over, then fetch commits (every
-        fragment on a full pass, only those awaiting or just committed in between)."""
+        """One pass of the transfers' loop: upload what was handed over, then fetch commits: of
+        the fragments just committed in this process, of those a look finds moved (once per
+        look interval), of those awaiting one (each pass while no bulletin is followed, else in
+        a hurry: after the upload, and when the bulletin says their round closes), and of one
+        about to be due."""
         self._drain_outbox()
-        # The full pass keeps its pace (regular while a commit is awaited, idle otherwise);
-        # passes in between (a hurry, a wake-up) probe only the fragments awaiting a commit or
-        # just committed in this process, one HEAD each.
         now = self._clock()
-        every = self.full_interval_s
-        full = now - self._full_at >= 0.9 * every
         with self._probe_lock:
             probe, self._probe = self._probe, set()
-        if full:
-            self._full_at = now
-            self._fetch_commits(range(len(self._fragments)))
-            self._watch_rounds()
-        else:
-            self._fetch_commits(sorted(probe | set(self._awaiting())))
-        every = self.full_interval_s  # a fetched commit may have ended the wait
-        self._loop.interval_s = every
-        self._loop.pause_at_most(max(0.0, self._full_at + every - self._clock()))  # keep the full pass's pace
-        if not self._awaiting():
+        schedule = self._schedule()
+        look_every = look_interval(self._poll_interval_s, self._idle_interval_s, schedule.period_s)
+        targets, from_head = set(probe), False
+        noted = self._noted
+        if (
+            self._own_bulletin() is not None  # this node holds the election: looking is free
+            or now - self._looked_at >= 0.9 * look_every
+            or (noted is not None and noted[1] > self._looked_at)  # the election watch just read one
+        ):
+            self._looked_at = now
+            moved, from_head = self._look(now, look_every)
+            targets |= moved
+        following = now - self._followed_at <= look_every + self._poll_interval_s
+        awaiting = set(self._awaiting())
+        if awaiting and (not following or self._loop.hurrying or self._round_closing(now)):
+            targets |= awaiting
+        targets |= self._due_soon(schedule)
+        self._fetch_commits(sorted(targets), from_head=from_head)
+        # the next pass: at the regular pace while a commit is awaited and no bulletin followed,
+        # else at the look pace, and no later than the next look, the next round's announced
+        # close or the next fragment's probe before its publish
+        awaiting_now = bool(self._awaiting())
+        self._loop.interval_s = self._poll_interval_s if awaiting_now and not following else look_every
+        now = self._clock()
+        wakes = (self._looked_at + look_every - now, self._next_due_probe_in(schedule), self._next_close_in(now))
+        self._loop.pause_at_most(max(0.0, min(wakes)))
+        if not awaiting_now:
             self._loop.settle()
+
+    def _look(self, now: float, look_every: float) -> tuple[set[int], bool]:
+        """The fragments a look finds moved, and whether to find their newest from the head
+        pointer: what the bulletin says (no request when this node holds the election or its
+        watch read the lease lately), else every fragment, with the watch for open rounds."""
+        own = self._own_bulletin()
+        bulletin = own if own is not None else self._bulletin(now, look_every)
+        if bulletin is None:
+            self._watch_rounds()
+            from_head = now - self._head_checked_at >= self._head_every_s
+            if from_head:
+                self._head_checked_at = now
+            return set(range(len(self._fragments))), from_head
+        self._followed_at = now
+        opened = self._rounds_opened(bulletin)
+        if opened != self.open_rounds:
+            self.open_rounds = opened
+            if opened:
+                self._on_change()
+        self._note_closings(bulletin, now)
+        moved = {
+            fragment.index
+            for fragment, head in zip(self._fragments, bulletin.heads, strict=True)
+            if head == UNKNOWN_HEAD or head > fragment.known_version
+        }
+        gap = any(head > fragment.known_version + 1 for fragment, head in zip(self._fragments, bulletin.heads, strict=True))
+        if not own and now - self._head_checked_at >= self._bulletin_check_every_s:
+            # another node's bulletin is a hint: one fragment in turn is checked from its head anyway
+            self._head_checked_at = now
+            moved.add(self._next_head_check % len(self._fragments))
+            self._next_head_check += 1
+            gap = True
+        return moved, gap  # a gap: retention may have taken the versions between
+
+    def _note_closings(self, bulletin: RoundsBulletin, now: float) -> None:
+        """When the rounds our awaited contributions are in close, as the bulletin announces."""
+        self._closes_at = {}
+        for fragment in self._fragments:
+            note = bulletin.open.get(fragment.index)
+            held = fragment.held
+            if not fragment.awaiting or held is None or note is None or note.closes_in_s is None:
+                continue
+            if note.base_version == held.anchor_version:
+                self._closes_at[fragment.index] = now + note.closes_in_s
+
+    def _round_closing(self, now: float) -> bool:
+        """Whether a round we await has reached its announced close: hurry to fetch its commit."""
+        closing = [index for index, at in self._closes_at.items() if at <= now]
+        for index in closing:
+            del self._closes_at[index]
+        if closing:
+            self._loop.hurry()
+        return bool(closing)
+
+    def _next_close_in(self, now: float) -> float:
+        return min((at - now for at in self._closes_at.values()), default=float("inf"))
+
+    def _bulletin(self, now: float, look_every: float) -> RoundsBulletin | None:
+        """The freshest bulletin of another node for a look: the one this node's election watch read
+        within a look interval (and a poll), else one read now."""
+        noted = self._noted
+        if noted is not None and now - noted[1] <= look_every + self._poll_interval_s:
+            return noted[0]
+        found = self._store.read_syncer_lease(need_token=False)
+        return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
+
+    def _moved(self, bulletin: RoundsBulletin) -> bool:
+        return any(
+            head == UNKNOWN_HEAD or head > fragment.known_version
+            for fragment, head in zip(self._fragments, bulletin.heads, strict=True)
+        )
+
+    def _rounds_opened(self, bulletin: RoundsBulletin) -> dict[int, int]:
+        """The rounds on our known versions with enough contributions from others to join (the
+        rule of :meth:`_watch_rounds`, from the bulletin's counts less our own contribution)."""
+        needed = max(1, self._spec.algorithm.quorum_size - 1)
+        opened = {}
+        for fragment in self._fragments:
+            note = bulletin.open.get(fragment.index)
+            if note is None or note.base_version != fragment.known_version:
+                continue
+            held = fragment.held
+            ours = int(fragment.awaiting and held is not None and held.anchor_version == note.base_version)
+            if note.accepted - ours >= needed:
+                opened[fragment.index] = note.base_version
+        return opened
+
+    def _due_soon(self, schedule: LearnerSchedule) -> set[int]:
+        """Fragments whose scheduled publish is within ``due_lead_s``, each probed once per due
+        step, so the publish goes out on the newest version."""
+        lead = due_lead_s(self._poll_interval_s)
+        soon = {index for index, due_in in self._unprobed_dues(schedule) if due_in <= lead}
+        for index in soon:
+            self._probed_for_due[index] = schedule.due_steps[index]
+        return soon
+
+    def _next_due_probe_in(self, schedule: LearnerSchedule) -> float:
+        """Seconds until the next fragment enters its probe window before a publish (inf: none)."""
+        lead = due_lead_s(self._poll_interval_s)
+        return max(0.0, min((due_in - lead for _, due_in in self._unprobed_dues(schedule)), default=float("inf")))
+
+    def _unprobed_dues(self, schedule: LearnerSchedule) -> list[tuple[int, float]]:
+        """(fragment, seconds to its scheduled publish) of those not probed ahead of it yet."""
+        return [
+            (index, due_in)
+            for index, (due_in, due_step) in enumerate(zip(schedule.due_in_s, schedule.due_steps, strict=False))
+            if due_in is not None and self._probed_for_due.get(index) != due_step
+        ]
 
     def _drain_outbox(self) -> None:
         while True:
@@ -253,12 +418,9 @@ class Exchange:
         if self._on_published is not None:
             self._on_published(fragment.index)
 
-    def _fetch_commits(self, indices: range | list[int]) -> None:
-        # Probing forward from what we know is the cheap common case; once a TTL, start from the
-        # head pointer instead, so a learner left behind by retention still finds the newest.
-        from_head = self._clock() - self._head_checked_at >= self._head_every_s
-        if from_head:
-            self._head_checked_at = self._clock()
+    def _fetch_commits(self, indices: list[int], *, from_head: bool = False) -> None:
+        # Probing forward from what we know is the cheap common case; ``from_head`` starts from
+        # the head pointer instead, so a learner left behind by retention still finds the newest.
         for index in indices:
             fragment = self._fragments[index]
             known = fragment.known_version

@@ -15,7 +15,8 @@ from gradientmail.backends import Backend, get_backend
 from gradientmail.polling import PollingLoop
 from gradientmail.session.exchange import Exchange
 from gradientmail.session.fragment import LearnerFragment
-from gradientmail.store import RunSpec, RunStore
+from gradientmail.session.looking import LearnerSchedule
+from gradientmail.store import RoundsBulletin, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 
 __all__ = ["LoopPass", "NodeLoops"]
@@ -34,8 +35,11 @@ class NodeLoops:
     """The exchange (transfers and lease) of the learner ``learner_id`` over ``fragments`` and,
     with ``run_syncer``, this node's syncer runtime (election and rounds), wired together: an
     upload here tells the syncer to look now, and a commit made here tells the exchange to
-    fetch it now. The syncer computes with ``backend``, or NumPy for a framework whose tensors
-    only the training thread may touch (``Backend.training_thread_only``: MLX)."""
+    fetch it now; the syncer's bulletin reaches the exchange without a read of the lease it
+    wrote (elected) or a second read of the one its election watch read (not elected).
+    ``schedule`` is the training thread's (``session.looking.LearnerSchedule``). The syncer
+    computes with ``backend``, or NumPy for a framework whose tensors only the training thread
+    may touch (``Backend.training_thread_only``: MLX)."""
 
     def __init__(
         self,
@@ -52,6 +56,7 @@ class NodeLoops:
         clock: Callable[[], float],
         algorithm: DiLoCo | None = None,
         run_syncer: bool = True,
+        schedule: Callable[[], LearnerSchedule] | None = None,
     ) -> None:
         self.exchange = Exchange(
             store,
@@ -66,6 +71,8 @@ class NodeLoops:
             clock=clock,
             on_published=self._published,
             algorithm=algorithm,
+            schedule=schedule,
+            own_bulletin=self._own_bulletin,
         )
         self.syncer: SyncerRuntime | None = None
         if run_syncer:
@@ -78,6 +85,8 @@ class NodeLoops:
                 idle_interval_s=idle_interval_s,
                 clock=clock,
                 on_commit=self._committed,
+                on_syncer_lease=self.exchange.note_syncer_lease,
+                own_lease=lambda: self.exchange.lease,
             )
 
     def passes(self) -> list[LoopPass]:
@@ -113,6 +122,13 @@ class NodeLoops:
         """On the exchange thread, after an upload: the syncer in this process looks now."""
         if self.syncer is not None:
             self.syncer.contribution_published(fragment)
+
+    def _own_bulletin(self) -> RoundsBulletin | None:
+        """This node's syncer bulletin while it holds the election: the exchange follows it
+        without reading the lease it writes."""
+        if self.syncer is not None and self.syncer.election.is_leader:
+            return self.syncer.bulletin()
+        return None
 
     def _committed(self, fragment: int, version: int) -> None:
         self.exchange.commit_available(fragment)

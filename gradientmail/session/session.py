@@ -29,6 +29,7 @@ from gradientmail.session.events import Listeners, ReportedScalars, SessionEvent
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.group import detect_group, unwrap_model
 from gradientmail.session.join import RunProposal, join_run, newest_readable
+from gradientmail.session.looking import LearnerSchedule
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.session.queue import WorkQueue
 from gradientmail.session.resume import MAILBOX, LearnerState, StateFile, Stateful, StateInMailbox, check_stateful
@@ -66,12 +67,12 @@ class SessionOptions:
     """Seconds between two passes of the background exchange and of the syncer while something
     is expected: a commit of a fragment this learner published, a round with contributions."""
     idle_poll_interval_s: float | None = None
-    """Seconds between the passes that only look for news while nothing is expected: the
-    learner's check for commits and rounds others opened, the reads of leases (the syncer
-    lease by the nodes watching it, the learners' by the elected syncer). None: the same as
-    ``poll_interval_s``. ``lease_ttl_s / 3`` cuts an idle learner's S3 requests about tenfold
-    (docs/benchmarks.md) but, measured, let a half-speed learner's work reach fewer commits
-    (82 % of its steps merged against 97 %); see docs/session.md, "Polling"."""
+    """Seconds between the passes that only look for news while nothing is expected, and the
+    slowest look of a training learner: the reads of leases (the syncer lease by the nodes
+    watching it, which carries the bulletin learners follow; the learners' by the elected
+    syncer). None: a third of the lease TTL, how often leases are renewed. A training learner
+    looks a tenth of its sync period apart between ``poll_interval_s`` and this; see
+    docs/session.md, "Polling"."""
     role: str = "both"
     """``"both"`` (the default): train and take part in the syncer election; ``"learner"``: only
     train, never close a round (no delete permission needed, docs/security.md); ``"either"``:
@@ -319,6 +320,7 @@ class Session:
             clock=time.monotonic,
             algorithm=self.algorithm,
             run_syncer=self.options.elects,
+            schedule=self.learner_schedule,
         )
         live = dict(self.backend.named_parameters(self.model))
         for state in fragments:
@@ -454,10 +456,9 @@ class Session:
         LearnerState.restore_rng(saved)
         log.info("%s resumes at step %d from %s", self.learner_id, self.steps_before, self._state.where)
 
-    def _idle_interval_s(self) -> float:
-        """The idle pace handed to the exchange and the syncer (``poll_interval_s`` unless set)."""
-        idle = self.options.idle_poll_interval_s
-        return self.options.poll_interval_s if idle is None else idle
+    def _idle_interval_s(self) -> float | None:
+        """The idle pace handed to the exchange and the syncer (None: a third of the lease TTL)."""
+        return self.options.idle_poll_interval_s
 
     def lease_info(self) -> dict[str, object]:
         """Progress shown in this learner's lease (read by the CLI and telemetry), and when its
@@ -478,6 +479,23 @@ class Session:
             # covers its upload) or waits for a slot; the syncer keeps no fast pace for it
             info["due_in_s"] = round((run.next_due - self.stats.steps) * self._step_time_s, 3)
         return info
+
+    def learner_schedule(self) -> LearnerSchedule:
+        """Where this learner's schedule is, for the exchange's pace (``session.looking``): its
+        sync period and each fragment's next scheduled publish at the current step time. Read
+        from the exchange's thread; no I/O."""
+        run, step_time_s = self._run, self._step_time_s
+        if run is None or not run.open or not step_time_s or self._serving:
+            return LearnerSchedule()
+        steps = self.stats.steps
+        fragments = list(run.fragments)
+        return LearnerSchedule(
+            period_s=self.algorithm.sync_every * step_time_s,
+            due_in_s=tuple(
+                None if f.outstanding is not None else max(0.0, (f.due_step - steps) * step_time_s) for f in fragments
+            ),
+            due_steps=tuple(f.due_step for f in fragments),
+        )
 
     def _serve_while_elected(self, run: _Running) -> None:
         """An ``"either"`` node that holds the syncer role while another node trains stops

@@ -1,5 +1,6 @@
 """The store: the only road to the mailbox. Typed records, verified blobs and leases of one run."""
 
+from gradientmail.store.bulletin import UNKNOWN_HEAD, OpenRoundNote, RoundsBulletin
 from gradientmail.store.leases import TRAINING, LearnerLease, LeaseName, LeaseObserver, live_learners, others_training, trains
 from gradientmail.store.retention import Retention
 from gradientmail.store.run_store import (
@@ -37,4 +38,7 @@ __all__ = [
     "others_training",
     "trains",
     "TRAINING",
+    "OpenRoundNote",
+    "RoundsBulletin",
+    "UNKNOWN_HEAD",
 ]

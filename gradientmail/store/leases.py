@@ -95,11 +95,16 @@ class LeaseObserver:
         return None if sighting is None else self._clock() - sighting.first_seen
 
 
-def live_learners(store: RunStore, observer: LeaseObserver) -> dict[str, Lease]:
+def live_learners(store: RunStore, observer: LeaseObserver, own: Lease | None = None) -> dict[str, Lease]:
     """Learners whose lease has not expired in ``observer``'s judgement (a lease counts only at its
-    own holder's key)."""
+    own holder's key). ``own``: the lease this node's learner wrote last, taken as it is instead of
+    read back (the node knows it is live; a released one is not)."""
     live: dict[str, Lease] = {}
+    if own is not None and not own.released:
+        live[own.holder] = own
     for learner in store.learners_with_leases():
+        if own is not None and learner == own.holder:
+            continue
         found = store.read_learner_lease(learner, need_token=False)
         if found is None or found.lease is None:
             continue
@@ -140,6 +145,8 @@ class LearnerLease:
         self._ttl_s = ttl_s
         self._sequence = 0
         self._token: str | None = None
+        self.written: Lease | None = None
+        """The lease as this learner last wrote it successfully (None before the first write)."""
 
     def renew(self, info: dict[str, object]) -> None:
         self._write(released=False, info=info)
@@ -152,6 +159,10 @@ class LearnerLease:
         lease = Lease(
             kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
         )
+        self._put(lease)
+        self.written = lease
+
+    def _put(self, lease: Lease) -> None:
         if self._token is None:
             self._token = self._store.put_learner_lease(lease)
             return

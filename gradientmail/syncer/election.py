@@ -32,10 +32,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.records import Lease
-from gradientmail.store import RunStore
+from gradientmail.store import LeaseRead, RunStore
 from gradientmail.store.leases import Clock, LeaseName, LeaseObserver
 
 __all__ = ["Election"]
@@ -47,7 +49,16 @@ class Election:
     """This node's view of who holds the syncer lease; ``poll()`` advances it."""
 
     def __init__(
-        self, store: RunStore, node_id: str, ttl_s: float, clock: Clock = time.monotonic, *, dedicated: bool = False
+        self,
+        store: RunStore,
+        node_id: str,
+        ttl_s: float,
+        clock: Clock = time.monotonic,
+        *,
+        dedicated: bool = False,
+        info: Callable[[], dict[str, Any]] | None = None,
+        announce_gap_s: float = 0.0,
+        on_read: Callable[[LeaseRead | None], None] | None = None,
     ) -> None:
         self._store = store
         self.node_id = node_id
@@ -67,6 +78,10 @@ class Election:
         """Syncer leases this node saw expire unreleased (a dead or cut-off holder), for telemetry."""
         self._expired_token: str | None = None
         self._unreadable_token: str | None = None
+        self._info = info
+        self._announce_gap_s = announce_gap_s
+        self._announced = False
+        self._on_read = on_read
 
     @property
     def is_leader(self) -> bool:
@@ -96,10 +111,13 @@ class Election:
             log.warning("node %s could not renew the syncer lease for a whole TTL; stepping down", self.node_id)
             self._token = None
         if self._token is not None:
-            if self._clock() - self._renewed_at >= self.ttl_s / 3:
+            age = self._clock() - self._renewed_at
+            if age >= self.ttl_s / 3 or (self._announced and age >= self._announce_gap_s):
                 self._renew()
             return self.is_leader
         found = self._store.read_syncer_lease()
+        if self._on_read is not None:
+            self._on_read(found)
         if found is None:
             self._create()
             return self.is_leader
@@ -124,6 +142,11 @@ class Election:
             self._swap(token, lease.term + 1, takeover=True)
         return self.is_leader
 
+    def announce(self) -> None:
+        """The holder's bulletin changed: renew at the next pass (no later than ``announce_gap_s``
+        after the last renewal) instead of waiting for TTL/3. Nothing while not the holder."""
+        self._announced = self._token is not None
+
     def resign(self) -> None:
         """Release the lease so another node takes over without waiting for the TTL."""
         if self._token is None:
@@ -135,7 +158,10 @@ class Election:
 
     def _lease(self, term: int, released: bool = False) -> Lease:
         self._sequence += 1
-        info: dict[str, object] = {"dedicated": True} if self.dedicated else {}
+        info: dict[str, object] = {} if released or self._info is None else dict(self._info())
+        if self.dedicated:
+            info["dedicated"] = True
+        self._announced = False
         return Lease(
             kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released, info=info
         )

@@ -8,12 +8,17 @@ fake clock pins them (tests/test_request_rate.py, tests/test_goodput.py):
   it watches has stood still for a TTL (expired in its judgement: take over now);
 * learners' leases (the elected node only): once per idle interval, at ``poll_interval_s``
   while a round waits for quorum, and when a live lease will have stood still for a TTL;
-  each lease's ``due_in_s`` opens a window around when its next contribution is due;
+  each lease's ``due_in_s`` opens a window around when its next contribution is due, and a
+  training learner's lease without one (its contribution is due now) a window from the read;
+  the leases' step times give the run's shortest sync period;
 * listings: a full pass lists every fragment's contributions every ``poll_interval_s`` after
-  any activity, backing off ×2 per quiet full pass to the collect cap
-  (``IDLE_COLLECT_MAX_S``, within [``poll_interval_s``, idle interval]); an expected window
-  brings it back to ``poll_interval_s``;
-* head pointer: probed once per idle interval per fragment, or when the round says it lags.
+  any activity (a contribution seen, a commit), backing off ×2 per quiet full pass to the idle
+  interval (to ``head_probe_s`` while no other live learner trains); inside an expected window
+  and while a round is pending, at the look pace of the shortest period
+  (``algorithms.schedule.look_interval``; ``poll_interval_s`` while no learner's step time is
+  known);
+* head pointer: probed once per ``HEAD_PROBE_TTLS`` lease TTLs per fragment (a version another
+  node committed: a deposed holder, a lost race), or when the round says it lags.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from gradientmail.algorithms.schedule import look_interval
 from gradientmail.records import Lease
 
-__all__ = ["IDLE_COLLECT_MAX_S", "PassPace", "SyncerPacing"]
+__all__ = ["HEAD_PROBE_TTLS", "PassPace", "SyncerPacing"]
 
-IDLE_COLLECT_MAX_S = 2.0
-"""The longest pause between two listings of contributions while none arrive (the backoff's
-cap; never above the idle interval nor below ``poll_interval_s``). A contribution from another
-process waits at most this long to be seen when it is the first after a quiet spell."""
+HEAD_PROBE_TTLS = 3
+"""The elected syncer probes each fragment's head for a version it did not commit once per this
+many lease TTLs (it reads the head again before each commit anyway, and contributions on a newer
+base tell it sooner)."""
 
 _NEVER = float("-inf")
 
@@ -47,10 +53,27 @@ class SyncerPacing:
     Every method takes ``now`` (the syncer's clock); none makes a request.
     """
 
-    def __init__(self, poll_interval_s: float, idle_interval_s: float) -> None:
+    def __init__(
+        self,
+        poll_interval_s: float,
+        idle_interval_s: float,
+        *,
+        head_probe_s: float | None = None,
+        me: str = "",
+        sync_every: int = 1,
+    ) -> None:
         self.poll_interval_s = poll_interval_s
+        self._sync_every = sync_every
+        self.steady_s = poll_interval_s
+        """The listing pace inside a window or while a round is pending: the look pace of the
+        shortest sync period the learners' leases show (``poll_interval_s`` before any shows one)."""
         self.idle_interval_s = idle_interval_s
-        self.collect_max_s = max(poll_interval_s, min(idle_interval_s, IDLE_COLLECT_MAX_S))
+        self.head_probe_s = idle_interval_s if head_probe_s is None else head_probe_s
+        self._me = me
+        """This node's learner id: its own lease opens no window (its uploads wake the syncer)."""
+        self._regular_cap_s = max(poll_interval_s, idle_interval_s)
+        self.collect_max_s = self._regular_cap_s
+        """The backoff's cap: the idle interval, or ``head_probe_s`` while no other learner trains."""
         self.collect_every_s = poll_interval_s
         """The pace of the full pass now: ``poll_interval_s`` after activity, doubling per quiet
         full pass up to ``collect_max_s``."""
@@ -89,13 +112,28 @@ class SyncerPacing:
     def expect(self, now: float, leases: Iterable[Lease]) -> None:
         """Note when the leases just read (at ``now``) say contributions are due (``due_in_s``,
         a hint: it only sets the pace of the listing)."""
-        windows = []
+        windows, periods, others = [], [], False
         for lease in leases:
+            if lease.holder == self._me or lease.info.get("training") is False:
+                continue
+            others = True
+            step_time_s = lease.info.get("step_time_s")
+            if isinstance(step_time_s, int | float) and _positive(step_time_s):
+                periods.append(self._sync_every * float(step_time_s))
             due_in = lease.info.get("due_in_s")
             if isinstance(due_in, int | float) and not isinstance(due_in, bool) and 0 <= due_in < 1e9:
                 # written up to a renewal interval before this read; the upload takes a while after
                 windows.append((now + due_in - self.idle_interval_s, now + due_in + self.idle_interval_s))
+            elif _positive(step_time_s):  # training, and its contribution due now
+                windows.append((now, now + self.idle_interval_s))
         self._expected = windows
+        # nobody else trains: only this node's learner (whose uploads wake the syncer) contributes,
+        # and a newcomer shows in the next read of the leases; list only as a safety net
+        self.collect_max_s = self._regular_cap_s if others else max(self._regular_cap_s, self.head_probe_s)
+        shortest = min(periods, default=None)
+        self.steady_s = (
+            self.poll_interval_s if shortest is None else look_interval(self.poll_interval_s, self.idle_interval_s, shortest)
+        )
 
     def expecting(self, now: float) -> tuple[bool, float]:
         """Whether a learner's contribution is due about now (its lease said so), and the
@@ -127,23 +165,30 @@ class SyncerPacing:
         return full
 
     def probe_head(self, fragment: int, now: float, *, forced: bool) -> bool:
-        """Whether to probe ``fragment``'s head now (once per idle interval, or ``forced``);
+        """Whether to probe ``fragment``'s head now (once per ``head_probe_s``, or ``forced``);
         remembered."""
-        probe = forced or now - self._head_at.get(fragment, _NEVER) >= self.idle_interval_s
+        probe = forced or now - self._head_at.get(fragment, _NEVER) >= self.head_probe_s
         if probe:
             self._head_at[fragment] = now
         return probe
 
     def end_pass(self, now: float, *, full: bool, active: bool, busy: bool, leases_in_s: float) -> PassPace:
-        """The pace after a rounds pass: back to ``poll_interval_s`` on activity, a pending
-        round or an expected contribution, else ×2 per quiet full pass; the next pause ends no
-        later than the next full pass, lease read or expected window."""
+        """The pace after a rounds pass: back to ``poll_interval_s`` on activity; with a pending
+        round or an expected contribution, backing off to the steady pace; else ×2 per quiet full
+        pass to the idle interval; the next pause ends no later than the next full pass, lease
+        read or expected window."""
         expected, window_in = self.expecting(now)
-        if active or busy or expected:
+        if active:
             self.collect_every_s = self.poll_interval_s
+        elif busy or expected:
+            self.collect_every_s = min(self.steady_s, max(self.poll_interval_s, 2 * self.collect_every_s))
         elif full:
             self.collect_every_s = min(self.collect_max_s, 2 * self.collect_every_s)
         interval_s = self.collect_every_s
         if window_in < self.collect_every_s:  # a window opens before the next full pass: be there
-            self.collect_every_s = self.poll_interval_s
+            self.collect_every_s = self.steady_s
         return PassPace(interval_s, max(0.0, min(self.full_at + self.collect_every_s - now, leases_in_s, window_in)))
+
+
+def _positive(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e9

@@ -26,13 +26,15 @@ by default: how often they are renewed), or every ``poll_interval_s`` while a ro
 quorum. The others read only the syncer lease, at the same idle pace, and at
 ``poll_interval_s`` once it has stood still long enough to expire. While elected, a full pass
 lists each fragment's contributions (one LIST); it runs every ``poll_interval_s`` after any
-activity and backs off (×2 per quiet pass) to ``IDLE_COLLECT_MAX_S`` while nothing arrives.
-The head pointer is probed (a HEAD) only once per idle interval, or when a listed
-contribution names a newer base. A round becomes due when a contribution is seen, or a
-learner in this process says it uploaded one (``contribution_published``): the loop then
-hurries, and the passes in between look only at the fragments with a round pending; during a
-grace window the next pass is timed for its end. A commit is announced to ``on_commit`` (the
-learner in this process fetches it at once).
+activity and inside the windows the learners' leases announce, and backs off (×2 per quiet
+pass) to the idle interval while nothing arrives. The head pointer is probed (a HEAD) once per
+``HEAD_PROBE_TTLS`` TTLs, or when a listed contribution names a newer base. A round becomes
+due when a contribution is seen, or a learner in this process says it uploaded one
+(``contribution_published``): the loop then hurries, and the passes in between look only at
+the fragments with a round pending; during a grace window the next pass is timed for its end.
+A commit is announced to ``on_commit`` (the learner in this process fetches it at once), and
+the syncer lease carries the bulletin (``bulletin()``: heads and open rounds), renewed at once
+after a commit or an accepted contribution, which the other nodes' learners follow.
 
 The two threads run the public passes ``election_pass`` and ``rounds_pass``; tests and tools
 drive the same ones (or ``run_once``, everything at once whatever the pace).
@@ -54,9 +56,13 @@ from gradientmail.errors import CorruptPayload, GradientMailError, InvalidRecord
 from gradientmail.polling import PollingLoop, RepeatedFailures, idle_interval
 from gradientmail.records import Lease, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import (
+    UNKNOWN_HEAD,
     LeaseName,
     LeaseObserver,
+    LeaseRead,
+    OpenRoundNote,
     RetentionSweep,
+    RoundsBulletin,
     RunSpec,
     RunStore,
     StoredRound,
@@ -67,7 +73,7 @@ from gradientmail.store import (
 from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
-from gradientmail.syncer.pacing import IDLE_COLLECT_MAX_S, SyncerPacing
+from gradientmail.syncer.pacing import HEAD_PROBE_TTLS, SyncerPacing
 from gradientmail.syncer.repair import restore_version
 from gradientmail.syncer.rounds import (
     AbandonedRound,
@@ -82,7 +88,7 @@ from gradientmail.syncer.rounds import (
 )
 from gradientmail.telemetry import hooks as telemetry
 
-__all__ = ["IDLE_COLLECT_MAX_S", "RoundView", "SyncerRuntime"]
+__all__ = ["RoundView", "SyncerRuntime"]
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +183,8 @@ class SyncerRuntime:
         on_commit: Callable[[int, int], None] | None = None,
         idle_interval_s: float | None = None,
         dedicated: bool = False,
+        on_syncer_lease: Callable[[LeaseRead | None], None] | None = None,
+        own_lease: Callable[[], Lease | None] | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -184,7 +192,16 @@ class SyncerRuntime:
         self.node_id = node_id
         self._clock = clock
         ttl_s = spec.lease_ttl_s if lease_ttl_s is None else lease_ttl_s
-        self.election = Election(store, node_id, ttl_s, clock, dedicated=dedicated)
+        self.election = Election(
+            store,
+            node_id,
+            ttl_s,
+            clock,
+            dedicated=dedicated,
+            info=lambda: self.bulletin().to_info(),
+            announce_gap_s=poll_interval_s,
+            on_read=on_syncer_lease,
+        )
         self._observer = LeaseObserver(ttl_s, clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
@@ -210,11 +227,19 @@ class SyncerRuntime:
         self._referenced: dict[tuple[int, int], frozenset[str]] = {}
         """(fragment, version) → the contribution keys its record lists (late and old ones' check)."""
         self._retention = RetentionSweep(store, spec.retention, algorithm.max_staleness)
-        self._pacing = SyncerPacing(poll_interval_s, idle_interval(poll_interval_s, ttl_s, idle_interval_s))
+        self._pacing = SyncerPacing(
+            poll_interval_s,
+            idle_interval(poll_interval_s, ttl_s, idle_interval_s),
+            head_probe_s=HEAD_PROBE_TTLS * ttl_s,
+            me=node_id,
+            sync_every=algorithm.sync_every,
+        )
         self._loop = PollingLoop(f"gm-syncer-{node_id}", self.rounds_pass, poll_interval_s)
         self._election_loop = PollingLoop(f"gm-election-{node_id}", self.election_pass, poll_interval_s)
         self._activity = False
         self._on_commit = on_commit
+        self._own_lease = own_lease or (lambda: None)
+        """The lease this node's learner last wrote: the live set takes it as is, unread."""
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
         self.live: dict[str, Lease] = {}
@@ -350,6 +375,26 @@ class SyncerRuntime:
             grace_s=current.grace_s,
         )
 
+    def bulletin(self) -> RoundsBulletin:
+        """What this node's syncer lease tells the learners (``store.bulletin``): the newest
+        version of each fragment it tracks and the rounds with accepted contributions. Only
+        meaningful while elected (the views are cleared otherwise)."""
+        views, now = dict(self._views), self._clock()
+        heads = tuple(views[f].version if f in views else UNKNOWN_HEAD for f in range(len(self.spec.fragments)))
+        opened = {}
+        for fragment, view in views.items():
+            current = view.round
+            if current.accepted:
+                closes_at = None if current.quorum_at is None else current.quorum_at + current.grace_s
+                closes_in = None if closes_at is None else max(0.0, closes_at - now)
+                opened[fragment] = OpenRoundNote(current.base_version, len(current.accepted), closes_in)
+        return RoundsBulletin(heads, opened)
+
+    def _announce(self) -> None:
+        """The bulletin changed (a commit, an accepted contribution): renew the lease soon."""
+        self.election.announce()
+        self._election_loop.wake()
+
     def grace_estimator(self, fragment: int) -> GraceEstimator:
         """The adaptive grace window of ``fragment`` (what it learned of step times and syncs)."""
         return self._grace[fragment]
@@ -364,10 +409,11 @@ class SyncerRuntime:
 
     # -- learners' leases ----------------------------------------------------------
     def _read_leases(self) -> None:
-        """Read the learners' leases (one LIST and a GET each): who is live, and when their next
-        contributions are due (``due_in_s``, a hint: it only sets the pace of the listing)."""
+        """Read the learners' leases (one LIST and a GET of each but this node's own learner's, which
+        it knows): who is live, and when their next contributions are due (``due_in_s``, a hint:
+        it only sets the pace of the listing)."""
         now = self._pacing.leases_read_at = self._clock()  # before the read: a failed one waits its turn
-        previous, self.live = self.live, live_learners(self.store, self._observer)
+        previous, self.live = self.live, live_learners(self.store, self._observer, own=self._own_lease())
         self._count_expired(previous)
         self._pacing.expect(now, self.live.values())
 
@@ -430,6 +476,7 @@ class SyncerRuntime:
                 committed.record_sha256,
             )
             self._views[fragment] = view
+            self._announce()  # a version the bulletin did not show yet
             self._seed_history(fragment, committed.record)
             self._anchor_bounds(fragment, view.base)
         self._collect(fragment, view)
@@ -454,6 +501,7 @@ class SyncerRuntime:
             grace = self._grace[fragment]
             grace.observe_step_times(a.contribution.step_time_s for a in current.accepted)
             current.grace_s = 0.0 if everyone else grace.window(now - (current.first_seen_at or now))
+            self._announce()  # when it closes: learners awaiting its commit look then
         if not everyone and now < current.quorum_at + current.grace_s:
             self._loop.pause_at_most(current.quorum_at + current.grace_s - now)
             return
@@ -569,6 +617,7 @@ class SyncerRuntime:
             )
         else:
             current.accepted.append(outcome)
+            self._announce()
             current.last_seen_at = self._clock()
             if current.first_seen_at is None:
                 current.first_seen_at = current.last_seen_at
@@ -727,6 +776,7 @@ class SyncerRuntime:
         self._views[fragment] = FragmentView(record.version, record, Base(draft.params, draft.state), next_round, stored.sha256)
         self._anchor_bounds(fragment, self._views[fragment].base)
         self._activity = True
+        self._announce()
         if self._on_commit is not None:
             self._on_commit(fragment, record.version)
         telemetry.round_committed(

@@ -1,0 +1,150 @@
+"""Nodes of one run whose background passes run in due order on a fake clock (no threads, no wall
+time), each node through a mailbox wrapper that counts its calls: what ``tests/test_request_rate.py``
+and ``tests/test_bulletin.py`` measure requests and latencies with. Each node is the library's own
+wiring (``NodeLoops``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import gradientmail as gm
+from gradientmail.backends import get_backend
+from gradientmail.session.exchange import Exchange
+from gradientmail.session.fragment import LearnerFragment
+from gradientmail.session.join import RunProposal, join_run
+from gradientmail.session.node_loops import LoopPass, NodeLoops
+from gradientmail.store import RunSpec, RunStore
+from gradientmail.syncer import SyncerRuntime
+from tests.fake_clock import FakeClock
+
+NUMPY = get_backend("numpy")
+TTL_S = 10.0
+POLL_S = 0.2
+IDLE_S = TTL_S / 3
+_OPS = frozenset({"get", "get_versioned", "head", "exists", "put", "create", "swap", "list", "delete"})
+
+
+class CountingMailbox:
+    """Forwards to a mailbox, counting each request-making call by name."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.counts: Counter[str] = Counter()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name not in _OPS:
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.counts[name] += 1
+            return attr(*args, **kwargs)
+
+        return call
+
+
+@dataclass
+class Node:
+    name: str
+    box: CountingMailbox
+    store: RunStore
+    loops: NodeLoops | None = None
+    lease_info: Callable[[], dict[str, object]] = dict
+    """What the node's lease says at each renewal (a test may change it)."""
+    passes: list[LoopPass] = field(default_factory=list)
+    next_at: list[float] = field(default_factory=list)
+    alive: bool = True
+    lease_alive: bool = True
+
+    @property
+    def exchange(self) -> Exchange:
+        assert self.loops is not None
+        return self.loops.exchange
+
+    @property
+    def syncer(self) -> SyncerRuntime:
+        assert self.loops is not None and self.loops.syncer is not None
+        return self.loops.syncer
+
+
+class Sim:
+    """``k`` nodes of one run, their loops' passes run in due order on a fake clock: each node is
+    the library's own wiring (``NodeLoops``), its threads never started."""
+
+    def __init__(self, k: int, quorum: int = 2) -> None:
+        self.clock = FakeClock()
+        shared = gm.MemoryMailbox()
+        algorithm = gm.DiLoCo(sync_every=100, fragments=1, quorum_size=quorum)
+        self.spec: RunSpec
+        self.spec, _ = join_run(
+            RunStore(shared), NUMPY, {"w": np.zeros(8, np.float32)}, RunProposal(algorithm, lease_ttl_s=TTL_S), "creator"
+        )
+        self.anchor = RunStore(shared).read_params(self.spec, RunStore(shared).read_round(0, 0))
+        self.nodes: list[Node] = []
+        for i in range(k):
+            box = CountingMailbox(shared)
+            node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
+            node.loops = NodeLoops(
+                node.store,
+                self.spec,
+                node.name,
+                [LearnerFragment.joined(0, ["w"], self.anchor, 0)],
+                backend=NUMPY,
+                poll_interval_s=POLL_S,
+                idle_interval_s=None,
+                on_change=lambda: None,
+                lease_info=lambda node=node: node.lease_info(),
+                clock=self.clock,
+            )
+            node.loops.start(threads=False)  # the first lease renewal and election pass
+            node.passes = node.loops.passes()
+            node.next_at = [0.0] * len(node.passes)
+            self.nodes.append(node)
+
+    def run_until(self, end: float, until: Callable[[], bool] | None = None) -> None:
+        while True:
+            due = [(at, n, i) for n, node in enumerate(self.nodes) if node.alive for i, at in enumerate(node.next_at)]
+            at, n, i = min(due)
+            if at > end:
+                self.clock.now = end
+                return
+            self.clock.now = max(self.clock.now, at)
+            node = self.nodes[n]
+            loop_pass = node.passes[i]
+            if loop_pass.name != "lease" or node.lease_alive:
+                loop_pass.run()
+            node.next_at[i] = self.clock.now + max(loop_pass.loop.next_pause(), 1e-3)
+            loop_pass.loop.take_wake()  # the pass's own wake-ups (a hurry) are in its next pause
+            for other in self.nodes:  # another loop woken by this pass (a commit, an announcement) runs next
+                for j, woken in enumerate(other.passes):
+                    if other.alive and woken.loop.take_wake():
+                        other.next_at[j] = self.clock.now + 1e-3
+            if until is not None and until():
+                return
+
+    def leader(self) -> Node | None:
+        leaders = [node for node in self.nodes if node.alive and node.syncer.election.is_leader]
+        assert len(leaders) <= 1
+        return leaders[0] if leaders else None
+
+    def reset(self) -> None:
+        for node in self.nodes:
+            node.box.counts.clear()
+
+
+def idle_rates(k: int, seconds: float = 120.0) -> tuple[float, Counter[str]]:
+    """Requests per second per learner, and the calls by name, of ``k`` idle nodes."""
+    sim = Sim(k)
+    sim.run_until(2 * TTL_S)  # the election settles; one-time reads done
+    sim.reset()
+    start = sim.clock.now
+    sim.run_until(start + seconds)
+    total: Counter[str] = Counter()
+    for node in sim.nodes:
+        total.update(node.box.counts)
+    return sum(total.values()) / seconds / k, total
