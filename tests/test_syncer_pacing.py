@@ -76,3 +76,17 @@ def test_the_head_is_probed_once_per_its_own_interval_unless_forced() -> None:
     assert pacing.probe_head(0, 0.0, forced=False)
     assert not pacing.probe_head(0, 29.0, forced=False) and pacing.probe_head(0, 29.0, forced=True)
     assert pacing.probe_head(0, 59.5, forced=False)
+
+
+def test_the_listing_backs_off_to_half_the_shortest_period_and_the_watch_follows_an_awaited_commit() -> None:
+    """A contribution no lease announced (a learner's last, flushed at close) is seen within half
+    the shortest sync period the leases show; a watcher whose learner awaits a commit reads the
+    syncer lease at that learner's look pace, so a holder that resigned is replaced that soon."""
+    pacing = SyncerPacing(POLL_S, IDLE_S, sync_every=20)
+    pacing.expect(0.0, [lease(None, step_time_s=0.05), lease(None, "b", step_time_s=1.0)])  # periods 1 s and 20 s
+    assert pacing.collect_max_s == pytest.approx(0.5) and pacing.steady_s == POLL_S
+    pacing.expect(0.0, [lease(None, "b", step_time_s=1.0)])
+    assert pacing.collect_max_s == IDLE_S and pacing.steady_s == pytest.approx(2.0)
+    pacing.election_read_at = 0.0
+    assert not pacing.election_due(0.5, holder=False, lease_age_s=0.5, ttl_s=10.0)
+    assert pacing.election_due(0.5, holder=False, lease_age_s=0.5, ttl_s=10.0, watch_every_s=0.5)

@@ -227,6 +227,12 @@ class Exchange:
         current schedule (``session.looking.look_interval``)."""
         return look_interval(self._poll_interval_s, self._idle_interval_s, self._schedule().period_s)
 
+    def watch_interval_s(self) -> float | None:
+        """While a commit is awaited, the look interval: how often the node's election watch
+        should read the syncer lease (a holder that resigned or died is replaced that soon, and
+        the bulletin it reads is fresh); None otherwise (the idle pace)."""
+        return self.look_interval_s() if self._awaiting() else None
+
     def _awaiting(self) -> list[int]:
         return [fragment.index for fragment in self._fragments if fragment.awaiting]
 

@@ -87,6 +87,7 @@ class NodeLoops:
                 on_commit=self._committed,
                 on_syncer_lease=self.exchange.note_syncer_lease,
                 own_lease=lambda: self.exchange.lease,
+                watch_every=self.exchange.watch_interval_s,
             )
 
     def passes(self) -> list[LoopPass]:

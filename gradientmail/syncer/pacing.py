@@ -4,16 +4,19 @@ The rules, apart from the runtime that follows them and on the clock it passes i
 fake clock pins them (tests/test_request_rate.py, tests/test_goodput.py):
 
 * election: the holder renews when due (``Election.poll`` decides); a watcher reads the syncer
-  lease once per idle interval (it is renewed every TTL/3), and at every pass once the token
-  it watches has stood still for a TTL (expired in its judgement: take over now);
+  lease once per idle interval (it is renewed every TTL/3), at its learner's look pace while
+  that learner awaits a commit (a holder that resigned is replaced that soon), and at every
+  pass once the token it watches has stood still for a TTL (expired in its judgement: take
+  over now);
 * learners' leases (the elected node only): once per idle interval, at ``poll_interval_s``
   while a round waits for quorum, and when a live lease will have stood still for a TTL;
   each lease's ``due_in_s`` opens a window around when its next contribution is due, and a
   training learner's lease without one (its contribution is due now) a window from the read;
   the leases' step times give the run's shortest sync period;
 * listings: a full pass lists every fragment's contributions every ``poll_interval_s`` after
-  any activity (a contribution seen, a commit), backing off ×2 per quiet full pass to the idle
-  interval (to ``head_probe_s`` while no other live learner trains); inside an expected window
+  any activity (a contribution seen, a commit), backing off ×2 per quiet full pass to half the
+  shortest sync period, at most the idle interval (to ``head_probe_s`` while no other live
+  learner trains); inside an expected window
   and while a round is pending, at the look pace of the shortest period
   (``algorithms.schedule.look_interval``; ``poll_interval_s`` while no learner's step time is
   known);
@@ -29,8 +32,12 @@ from dataclasses import dataclass
 from gradientmail.algorithms.schedule import look_interval
 from gradientmail.records import Lease
 
-__all__ = ["HEAD_PROBE_TTLS", "PassPace", "SyncerPacing"]
+__all__ = ["HEAD_PROBE_TTLS", "QUIET_LISTINGS_PER_PERIOD", "PassPace", "SyncerPacing"]
 
+QUIET_LISTINGS_PER_PERIOD = 2
+"""While nothing is expected the listing backs off to at most half the shortest sync period (and
+at most the idle interval): a contribution no lease announced (a learner's last one, flushed at
+close) waits at most that long."""
 HEAD_PROBE_TTLS = 3
 """The elected syncer probes each fragment's head for a version it did not commit once per this
 many lease TTLs (it reads the head again before each commit anyway, and contributions on a newer
@@ -73,7 +80,8 @@ class SyncerPacing:
         """This node's learner id: its own lease opens no window (its uploads wake the syncer)."""
         self._regular_cap_s = max(poll_interval_s, idle_interval_s)
         self.collect_max_s = self._regular_cap_s
-        """The backoff's cap: the idle interval, or ``head_probe_s`` while no other learner trains."""
+        """The backoff's cap: half the shortest sync period, at most the idle interval (the idle
+        interval while no period is known), or ``head_probe_s`` while no other learner trains."""
         self.collect_every_s = poll_interval_s
         """The pace of the full pass now: ``poll_interval_s`` after activity, doubling per quiet
         full pass up to ``collect_max_s``."""
@@ -100,13 +108,18 @@ class SyncerPacing:
         self.collect_every_s = self.poll_interval_s
 
     # -- election ------------------------------------------------------------------
-    def election_due(self, now: float, *, holder: bool, lease_age_s: float | None, ttl_s: float) -> bool:
+    def election_due(
+        self, now: float, *, holder: bool, lease_age_s: float | None, ttl_s: float, watch_every_s: float | None = None
+    ) -> bool:
         """Whether the election pass polls now: always for the holder (renewing only when due),
-        else once per idle interval, or at once when the watched lease has stood still a TTL."""
+        else once per idle interval (``watch_every_s`` when shorter: this node's learner awaits
+        a commit, so a released or dead holder is replaced at its pace), or at once when the
+        watched lease has stood still a TTL."""
         if holder:
             return True
         expired = lease_age_s is not None and lease_age_s >= ttl_s
-        return expired or now - self.election_read_at >= 0.99 * self.idle_interval_s
+        every = self.idle_interval_s if watch_every_s is None else min(self.idle_interval_s, watch_every_s)
+        return expired or now - self.election_read_at >= 0.99 * every
 
     # -- learners' leases ----------------------------------------------------------
     def expect(self, now: float, leases: Iterable[Lease]) -> None:
@@ -129,11 +142,16 @@ class SyncerPacing:
         self._expected = windows
         # nobody else trains: only this node's learner (whose uploads wake the syncer) contributes,
         # and a newcomer shows in the next read of the leases; list only as a safety net
-        self.collect_max_s = self._regular_cap_s if others else max(self._regular_cap_s, self.head_probe_s)
         shortest = min(periods, default=None)
         self.steady_s = (
             self.poll_interval_s if shortest is None else look_interval(self.poll_interval_s, self.idle_interval_s, shortest)
         )
+        if not others:
+            self.collect_max_s = max(self._regular_cap_s, self.head_probe_s)
+        elif shortest is not None:  # a contribution nobody announced is seen within half the shortest period
+            self.collect_max_s = min(self._regular_cap_s, max(self.poll_interval_s, shortest / QUIET_LISTINGS_PER_PERIOD))
+        else:
+            self.collect_max_s = self._regular_cap_s
 
     def expecting(self, now: float) -> tuple[bool, float]:
         """Whether a learner's contribution is due about now (its lease said so), and the

@@ -185,6 +185,7 @@ class SyncerRuntime:
         dedicated: bool = False,
         on_syncer_lease: Callable[[LeaseRead | None], None] | None = None,
         own_lease: Callable[[], Lease | None] | None = None,
+        watch_every: Callable[[], float | None] | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -239,6 +240,8 @@ class SyncerRuntime:
         self._activity = False
         self._on_commit = on_commit
         self._own_lease = own_lease or (lambda: None)
+        self._watch_every = watch_every or (lambda: None)
+        """How often to watch the syncer lease while this node's learner awaits a commit (None: idle pace)."""
         """The lease this node's learner last wrote: the live set takes it as is, unread."""
         self._notified: set[int] = set()
         self._notified_lock = threading.Lock()
@@ -309,7 +312,14 @@ class SyncerRuntime:
         watcher reads the syncer lease at the pace ``SyncerPacing.election_due`` sets."""
         election = self.election
         now = self._clock()
-        if not self._pacing.election_due(now, holder=election.is_leader, lease_age_s=election.lease_age(), ttl_s=election.ttl_s):
+        due = self._pacing.election_due(
+            now,
+            holder=election.is_leader,
+            lease_age_s=election.lease_age(),
+            ttl_s=election.ttl_s,
+            watch_every_s=self._watch_every(),
+        )
+        if not due:
             return
         self._pacing.election_read_at = now
         election.poll()
