@@ -3,7 +3,8 @@
 The elected syncer writes, in its lease's ``info``, the newest version of every fragment it has
 committed or loaded (``heads``) and the rounds collecting contributions (``open``: base version,
 how many are accepted and, once quorum is reached, how soon the round closes). It renews the
-lease every TTL/3 anyway, and at once after a commit, an accepted contribution or a quorum. A
+lease every TTL/3 anyway, and at once after a commit, a round's first accepted contribution (and
+the one that leaves it one short of quorum) or its quorum. A
 learner then learns in one read of one small object (a GET that every node makes to watch the
 election anyway) which fragments have a newer version, which rounds it could join and when the
 round it waits for closes, instead of a HEAD and a LIST per fragment (docs/session.md, "Polling").

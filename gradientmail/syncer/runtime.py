@@ -34,7 +34,8 @@ due when a contribution is seen, or a learner in this process says it uploaded o
 the fragments with a round pending; during a grace window the next pass is timed for its end.
 A commit is announced to ``on_commit`` (the learner in this process fetches it at once), and
 the syncer lease carries the bulletin (``bulletin()``: heads and open rounds), renewed at once
-after a commit or an accepted contribution, which the other nodes' learners follow.
+after a commit, a round's first accepted contribution or its quorum, which the other nodes'
+learners follow.
 
 The two threads run the public passes ``election_pass`` and ``rounds_pass``; tests and tools
 drive the same ones (or ``run_once``, everything at once whatever the pace).
@@ -401,7 +402,7 @@ class SyncerRuntime:
         return RoundsBulletin(heads, opened)
 
     def _announce(self) -> None:
-        """The bulletin changed (a commit, an accepted contribution): renew the lease soon."""
+        """The bulletin changed (a commit, a round opened or reached quorum): renew the lease soon."""
         self.election.announce()
         self._election_loop.wake()
 
@@ -627,7 +628,8 @@ class SyncerRuntime:
             )
         else:
             current.accepted.append(outcome)
-            self._announce()
+            if len(current.accepted) in (1, self.spec.algorithm.quorum_size - 1):
+                self._announce()  # a round opened, or one short of quorum: learners may join it
             current.last_seen_at = self._clock()
             if current.first_seen_at is None:
                 current.first_seen_at = current.last_seen_at
