@@ -125,8 +125,11 @@ class Exchange:
         """The fragment a look that follows a bulletin checks from its head pointer next."""
         self._followed_at = float("-inf")
         """When a look last followed a bulletin (else it probes every fragment)."""
-        self._closes_at: dict[int, float] = {}
-        """Fragment → when the round our contribution is in closes, as the bulletin announced."""
+        self._closes_at: dict[int, tuple[float, int]] = {}
+        """Fragment → when the round our contribution is in closes, as the bulletin announced, and
+        its base version."""
+        self._hurried_for: dict[int, int] = {}
+        """Fragment → the base version of the round whose announced close the exchange hurried for."""
         self._probed_for_due: dict[int, int] = {}
         """Fragment → the due step its head was probed ahead of."""
         learner = algorithm if algorithm is not None else spec.algorithm
@@ -268,8 +271,8 @@ class Exchange:
             targets |= moved
         following = now - self._followed_at <= look_every + self._poll_interval_s
         awaiting = set(self._awaiting())
-        if awaiting and (not following or self._loop.hurrying or self._round_closing(now)):
-            targets |= awaiting
+        if awaiting and self._own_bulletin() is None and (not following or self._loop.hurrying or self._round_closing(now)):
+            targets |= awaiting  # (this node's own commits wake the exchange as they are made)
         targets |= self._due_soon(schedule)
         self._fetch_commits(sorted(targets), from_head=from_head)
         # the next pass: at the regular pace while a commit is awaited and no bulletin followed,
@@ -288,7 +291,7 @@ class Exchange:
         pointer: what the bulletin says (no request when this node holds the election or its
         watch read the lease lately), else every fragment, with the watch for open rounds."""
         own = self._own_bulletin()
-        bulletin = own if own is not None else self._bulletin(now, look_every)
+        bulletin, read_at = (own, now) if own is not None else self._bulletin(now, look_every)
         if bulletin is None:
             self._watch_rounds()
             from_head = now - self._head_checked_at >= self._head_every_s
@@ -301,7 +304,8 @@ class Exchange:
             self.open_rounds = opened
             if opened:
                 self._on_change()
-        self._note_closings(bulletin, now)
+        if own is None:  # this node's own commits wake the exchange as they are made
+            self._note_closings(bulletin, read_at)
         moved = {
             fragment.index
             for fragment, head in zip(self._fragments, bulletin.heads, strict=True)
@@ -316,37 +320,38 @@ class Exchange:
             gap = True
         return moved, gap  # a gap: retention may have taken the versions between
 
-    def _note_closings(self, bulletin: RoundsBulletin, now: float) -> None:
-        """When the rounds our awaited contributions are in close, as the bulletin announces."""
-        self._closes_at = {}
+    def _note_closings(self, bulletin: RoundsBulletin, read_at: float) -> None:
+        """When the rounds our awaited contributions are in close, as the bulletin read at
+        ``read_at`` announces: the exchange hurries then, once per round."""
         for fragment in self._fragments:
             note = bulletin.open.get(fragment.index)
             held = fragment.held
             if not fragment.awaiting or held is None or note is None or note.closes_in_s is None:
                 continue
-            if note.base_version == held.anchor_version:
-                self._closes_at[fragment.index] = now + note.closes_in_s
+            if note.base_version == held.anchor_version and self._hurried_for.get(fragment.index) != note.base_version:
+                self._closes_at[fragment.index] = (read_at + note.closes_in_s, note.base_version)
 
     def _round_closing(self, now: float) -> bool:
         """Whether a round we await has reached its announced close: hurry to fetch its commit."""
-        closing = [index for index, at in self._closes_at.items() if at <= now]
-        for index in closing:
+        closing = {index: base for index, (at, base) in self._closes_at.items() if at <= now}
+        for index, base in closing.items():
             del self._closes_at[index]
+            self._hurried_for[index] = base
         if closing:
             self._loop.hurry()
         return bool(closing)
 
     def _next_close_in(self, now: float) -> float:
-        return min((at - now for at in self._closes_at.values()), default=float("inf"))
+        return min((at - now for at, _ in self._closes_at.values()), default=float("inf"))
 
-    def _bulletin(self, now: float, look_every: float) -> RoundsBulletin | None:
-        """The freshest bulletin of another node for a look: the one this node's election watch read
-        within a look interval (and a poll), else one read now."""
+    def _bulletin(self, now: float, look_every: float) -> tuple[RoundsBulletin | None, float]:
+        """The freshest bulletin of another node for a look, and when it was read: the one this
+        node's election watch read within a look interval (and a poll), else one read now."""
         noted = self._noted
         if noted is not None and now - noted[1] <= look_every + self._poll_interval_s:
-            return noted[0]
+            return noted
         found = self._store.read_syncer_lease(need_token=False)
-        return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
+        return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments)), now
 
     def _moved(self, bulletin: RoundsBulletin) -> bool:
         return any(
