@@ -54,8 +54,9 @@ class Node:
     box: CountingMailbox
     store: RunStore
     loops: NodeLoops | None = None
-    lease_info: Callable[[], dict[str, object]] = dict
-    """What the node's lease says at each renewal (a test may change it)."""
+    lease_info: Callable[[], dict[str, object]] = lambda: {"step": 0, "step_time_s": 0.0}
+    """What the node's lease says at each renewal (a test may change it): by default what an idle
+    session's says (no step taken yet)."""
     passes: list[LoopPass] = field(default_factory=list)
     next_at: list[float] = field(default_factory=list)
     alive: bool = True

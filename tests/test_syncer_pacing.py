@@ -90,3 +90,14 @@ def test_the_listing_backs_off_to_half_the_shortest_period_and_the_watch_follows
     pacing.election_read_at = 0.0
     assert not pacing.election_due(0.5, holder=False, lease_age_s=0.5, ttl_s=10.0)
     assert pacing.election_due(0.5, holder=False, lease_age_s=0.5, ttl_s=10.0, watch_every_s=0.5)
+
+
+def test_while_no_other_learner_has_stepped_the_listing_backs_off_further() -> None:
+    """A learner that has not stepped (step time 0) publishes nothing before its first due step
+    and its next renewal shows its step time: the quiet listing waits three idle intervals; a lease
+    that says nothing of its step time (an older node's) keeps the idle interval."""
+    pacing = SyncerPacing(POLL_S, IDLE_S, sync_every=20)
+    pacing.expect(0.0, [lease(None, step_time_s=0.0), lease(None, "b", step_time_s=0.0)])
+    assert pacing.collect_max_s == pytest.approx(3 * IDLE_S)
+    pacing.expect(0.0, [lease(None, step_time_s=0.0), lease(None, "b")])
+    assert pacing.collect_max_s == IDLE_S

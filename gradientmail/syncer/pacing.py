@@ -38,6 +38,9 @@ QUIET_LISTINGS_PER_PERIOD = 2
 """While nothing is expected the listing backs off to at most half the shortest sync period (and
 at most the idle interval): a contribution no lease announced (a learner's last one, flushed at
 close) waits at most that long."""
+NOT_STEPPING_IDLE_INTERVALS = 3
+"""While the other live learners have not stepped yet, the listing backs off to this many idle
+intervals (a lease TTL by default)."""
 HEAD_PROBE_TTLS = 3
 """The elected syncer probes each fragment's head for a version it did not commit once per this
 many lease TTLs (it reads the head again before each commit anyway, and contributions on a newer
@@ -125,12 +128,13 @@ class SyncerPacing:
     def expect(self, now: float, leases: Iterable[Lease]) -> None:
         """Note when the leases just read (at ``now``) say contributions are due (``due_in_s``,
         a hint: it only sets the pace of the listing)."""
-        windows, periods, others = [], [], False
+        windows, periods, others, unknown = [], [], False, False
         for lease in leases:
             if lease.holder == self._me or lease.info.get("training") is False:
                 continue
             others = True
             step_time_s = lease.info.get("step_time_s")
+            unknown = unknown or not isinstance(step_time_s, int | float) or isinstance(step_time_s, bool)
             if isinstance(step_time_s, int | float) and _positive(step_time_s):
                 periods.append(self._sync_every * float(step_time_s))
             due_in = lease.info.get("due_in_s")
@@ -140,18 +144,22 @@ class SyncerPacing:
             elif _positive(step_time_s):  # training, and its contribution due now
                 windows.append((now, now + self.idle_interval_s))
         self._expected = windows
-        # nobody else trains: only this node's learner (whose uploads wake the syncer) contributes,
-        # and a newcomer shows in the next read of the leases; list only as a safety net
         shortest = min(periods, default=None)
         self.steady_s = (
             self.poll_interval_s if shortest is None else look_interval(self.poll_interval_s, self.idle_interval_s, shortest)
         )
         if not others:
+            # nobody else trains: only this node's learner (whose uploads wake the syncer)
+            # contributes, and a newcomer shows in the next read of the leases: a safety net only
             self.collect_max_s = max(self._regular_cap_s, self.head_probe_s)
         elif shortest is not None:  # a contribution nobody announced is seen within half the shortest period
             self.collect_max_s = min(self._regular_cap_s, max(self.poll_interval_s, shortest / QUIET_LISTINGS_PER_PERIOD))
-        else:
+        elif unknown:  # a lease that says nothing of its step time (an older node's): the idle interval
             self.collect_max_s = self._regular_cap_s
+        else:
+            # others train but none has stepped yet (step time 0): nothing is published before a
+            # learner's first due step, and its next renewal shows its step time
+            self.collect_max_s = max(self._regular_cap_s, NOT_STEPPING_IDLE_INTERVALS * self.idle_interval_s)
 
     def expecting(self, now: float) -> tuple[bool, float]:
         """Whether a learner's contribution is due about now (its lease said so), and the
