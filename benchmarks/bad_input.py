@@ -211,10 +211,9 @@ class Run:
         lease = self.leases.setdefault(learner, LearnerLease(self.store, learner, LEASE_TTL_S))
         lease.renew({})
         delta = delta if delta is not None else self.honest_delta(learner, base)
-        key, _ = self.store.publish_contribution(
+        return self.store.publish_contribution(
             learner, FRAGMENT, base, delta, ContributionCounts(steps, samples, step_time_s=0.1)
-        )
-        return key
+        ).key
 
     def publish_honest(self) -> dict[str, keys.ContributionKey]:
         return {learner: self.publish(learner) for learner in HONEST}

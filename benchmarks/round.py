@@ -314,7 +314,9 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool) -> d
         for i in range(m):
             delta = {name: (1e-3 * rng.standard_normal(a.size, dtype=np.float32)) for name, a in model.items()}
             start = time.monotonic()
-            key, _ = publisher.publish_contribution(f"learner-{i}", 0, 0, delta, ContributionCounts(steps=STEPS, samples=SAMPLES))
+            key = publisher.publish_contribution(
+                f"learner-{i}", 0, 0, delta, ContributionCounts(steps=STEPS, samples=SAMPLES)
+            ).key
             publish_s += time.monotonic() - start
             blob_keys.append(key.blob)
             del delta

@@ -176,10 +176,9 @@ def contribute(
     """Publish what a learner at ``params`` that started from ``anchor`` (default: version ``base``) would."""
     anchor = anchor if anchor is not None else committed_params(store, base, fragment)
     delta = {n: (anchor[n].astype(np.float32) - params[n].astype(np.float32)) for n in params}
-    key, _ = store.publish_contribution(
+    return store.publish_contribution(
         learner, fragment, base, delta, ContributionCounts(steps, samples), first_sequence=sequence
-    )
-    return key
+    ).key
 
 
 def test_local_sgd_commit_is_the_weighted_average_and_replays_to_the_same_bytes(run):

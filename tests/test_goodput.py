@@ -190,9 +190,11 @@ def test_after_an_upload_the_exchange_hurries_until_the_commit_and_the_syncer_is
         on_change=lambda: None,
         lease_info=dict,
         clock=FakeClock(),
-        on_published=published.append,
+        on_published=lambda fragment, handed: published.append(fragment),
     )
-    syncer = SyncerRuntime(store, NUMPY, spec, "solo", poll_interval_s=0.2, on_commit=lambda f, v: exchange.commit_available(f))
+    syncer = SyncerRuntime(
+        store, NUMPY, spec, "solo", poll_interval_s=0.2, on_commit=lambda c: exchange.commit_available(c.record.fragment)
+    )
     snapshot = HostBuffer({"w": np.full(4, 0.5, np.float32)})
     publication = Publication(0, 0, anchor, snapshot, ContributionCounts(steps=4, samples=4))
     exchange.publish(publication)

@@ -138,11 +138,11 @@ def test_a_retryable_error_ends_its_fragments_pass_and_the_unread_contributions_
         run.publish(learner)
     failed: list[str] = []
 
-    def flaky_fetch(store: RunStore, spec: Any, base: int, key: keys.ContributionKey) -> Fetched | Rejection:
+    def flaky_fetch(store: RunStore, spec: Any, base: int, key: keys.ContributionKey, handed: Any = None) -> Fetched | Rejection:
         if key.learner == "carol" and not failed:
             failed.append(key.learner)
             raise MailboxUnavailable("the store is down for a moment")
-        return fetch_contribution(store, spec, base, key)
+        return fetch_contribution(store, spec, base, key, handed)
 
     monkeypatch.setattr(runtime_module, "fetch_contribution", flaky_fetch)
     with caplog.at_level("WARNING", logger="gradientmail.syncer.runtime"):

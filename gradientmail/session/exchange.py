@@ -42,7 +42,8 @@ from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, RoundRecord
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication, Residual
 from gradientmail.session.looking import LearnerSchedule, due_lead_s
-from gradientmail.store import UNKNOWN_HEAD, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
+from gradientmail.store import UNKNOWN_HEAD, CommittedVersion, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
+from gradientmail.syncer.rounds import Handed
 
 __all__ = ["Exchange"]
 
@@ -59,6 +60,12 @@ head pointer once per this many lease TTLs: a bulletin that lags or lies hides a
 idle learner for at most this many TTLs times the fragments (a training one probes each fragment
 before its publish anyway)."""
 _NO_SCHEDULE = LearnerSchedule()
+
+
+def _read_only(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for array in arrays.values():
+        array.setflags(write=False)
+    return arrays
 
 
 def _writable(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -95,7 +102,7 @@ class Exchange:
         lease_info: Callable[[], dict[str, object]],
         clock: Callable[[], float],
         idle_interval_s: float | None = None,
-        on_published: Callable[[int], None] | None = None,
+        on_published: Callable[[int, Handed | None], None] | None = None,
         algorithm: DiLoCo | None = None,
         schedule: Callable[[], LearnerSchedule] | None = None,
         own_bulletin: Callable[[], RoundsBulletin | None] | None = None,
@@ -141,6 +148,8 @@ class Exchange:
         self._on_published = on_published
         self._probe: set[int] = set()
         """Fragments the syncer in this process just committed: probed on the next pass."""
+        self._handed_commits: dict[int, CommittedVersion] = {}
+        """Fragment → the newest commit the syncer in this process made of it, handed in memory."""
         self.failure: GradientMailError | None = None
         """What stops this learner (another process with its id); ``Session.step`` raises it."""
         self._probe_lock = threading.Lock()
@@ -184,11 +193,14 @@ class Exchange:
         self._outbox.put(publication)
         self._loop.wake()
 
-    def commit_available(self, fragment: int) -> None:
+    def commit_available(self, fragment: int, committed: CommittedVersion | None = None) -> None:
         """A commit of ``fragment`` is in the mailbox (the syncer in this process made it):
-        fetch it on the next pass, now."""
+        fetch it on the next pass, now. ``committed``: its record and parameters as the syncer
+        wrote them, taken instead of read back (the same bytes)."""
         with self._probe_lock:
             self._probe.add(fragment)
+            if committed is not None:
+                self._handed_commits[fragment] = committed
         self._loop.wake()
 
     @property
@@ -413,7 +425,7 @@ class Exchange:
             delta = align.pseudo_gradient(publication.anchor, publication.snapshot.arrays, self._spec.delta_dtype)
         finally:
             fragment.hold(publication, carry=self._carry)
-        key, size = self._store.publish_contribution(
+        published = self._store.publish_contribution(
             self._learner,
             fragment.index,
             publication.anchor_version,
@@ -421,13 +433,15 @@ class Exchange:
             publication.counts,
             first_sequence=self._next_sequence,
         )
-        self._next_sequence = key.sequence + 1
-        self.bytes_published += size
+        self._next_sequence = published.key.sequence + 1
+        self.bytes_published += published.size_bytes
         if publication.anchor_version >= fragment.known_version:
             fragment.awaiting = True
             self._loop.hurry()  # the commit is due in about a round trip plus the merge
         if self._on_published is not None:
-            self._on_published(fragment.index)
+            # the arrays encoded into the payload, for this node's syncer (a quantized payload: none)
+            handed = Handed(published.key, published.record, _read_only(delta)) if self._codec is None else None
+            self._on_published(fragment.index, handed)
 
     def _fetch_commits(self, indices: list[int], *, from_head: bool = False) -> None:
         # Probing forward from what we know is the cheap common case; ``from_head`` starts from
@@ -435,11 +449,16 @@ class Exchange:
         for index in indices:
             fragment = self._fragments[index]
             known = fragment.known_version
-            newest = self._store.newest_version(index, known=known, from_head=from_head)
-            if newest is None or newest <= known:
-                continue
-            record = self._store.read_round(index, newest)
-            params = self.read_commit(fragment, record)
+            with self._probe_lock:
+                handed = self._handed_commits.pop(index, None)
+            if handed is not None and handed.record.version > known:  # made here: taken as it is
+                newest, record, params = handed.record.version, handed.record, dict(handed.params)
+            else:
+                found = self._store.newest_version(index, known=known, from_head=from_head)
+                if found is None or found <= known:
+                    continue
+                newest, record = found, self._store.read_round(index, found)
+                params = self.read_commit(fragment, record)
             if self._writes_commits:  # the learner writes them as they are: spare it a copy
                 params = _writable(params)
             ours = any(p.learner == self._learner for p in self._round_built_on(index, known, newest, record).participants)

@@ -16,8 +16,9 @@ from gradientmail.polling import PollingLoop
 from gradientmail.session.exchange import Exchange
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.looking import LearnerSchedule
-from gradientmail.store import RoundsBulletin, RunSpec, RunStore
+from gradientmail.store import CommittedVersion, RoundsBulletin, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
+from gradientmail.syncer.rounds import Handed
 
 __all__ = ["LoopPass", "NodeLoops"]
 
@@ -119,10 +120,11 @@ class NodeLoops:
         if self.syncer is not None:
             self.syncer.stop(resign=release)
 
-    def _published(self, fragment: int) -> None:
-        """On the exchange thread, after an upload: the syncer in this process looks now."""
+    def _published(self, fragment: int, handed: Handed | None) -> None:
+        """On the exchange thread, after an upload: the syncer in this process looks now, and
+        takes what the learner wrote as it is."""
         if self.syncer is not None:
-            self.syncer.contribution_published(fragment)
+            self.syncer.contribution_published(fragment, handed)
 
     def _own_bulletin(self) -> RoundsBulletin | None:
         """This node's syncer bulletin while it holds the election: the exchange follows it
@@ -131,5 +133,5 @@ class NodeLoops:
             return self.syncer.bulletin()
         return None
 
-    def _committed(self, fragment: int, version: int) -> None:
-        self.exchange.commit_available(fragment)
+    def _committed(self, committed: CommittedVersion) -> None:
+        self.exchange.commit_available(committed.record.fragment, committed)

@@ -90,6 +90,16 @@ class StoredRound:
 
 
 @dataclass(frozen=True)
+class PublishedContribution:
+    """What ``RunStore.publish_contribution`` wrote: the contribution's key, its payload's bytes
+    and its record."""
+
+    key: keys.ContributionKey
+    size_bytes: int
+    record: Contribution
+
+
+@dataclass(frozen=True)
 class CommittedVersion:
     """A committed version of a fragment, verified: its record, parameters and outer state."""
 
@@ -487,9 +497,9 @@ class RunStore:
         delta: Mapping[str, np.ndarray] | bytes,
         counts: ContributionCounts,
         first_sequence: int = 1,
-    ) -> tuple[keys.ContributionKey, int]:
-        """Put a delta, then create its record once; returns its key and the payload's bytes.
-        ``delta`` is the named arrays, or a payload already encoded (a quantized one).
+    ) -> PublishedContribution:
+        """Put a delta, then create its record once; returns its key, the payload's bytes and the
+        record. ``delta`` is the named arrays, or a payload already encoded (a quantized one).
 
         ``first_sequence`` is the lowest sequence number to use; taken ones are skipped, so a
         restarted learner never collides with what it published before.
@@ -519,7 +529,7 @@ class RunStore:
             self._mailbox.create(key.record, self._encode(key.record, contribution))
         except RecordExists:  # another process uses our learner id: refuse to guess
             raise GradientMailError(f"contribution {key.record} already exists: is learner id {learner!r} used twice?") from None
-        return key, len(data)
+        return PublishedContribution(key, len(data), contribution)
 
     def contributors(self, fragment: int, base_version: int) -> set[str]:
         """Learners with a contribution against ``base_version`` of ``fragment`` (one LIST)."""

@@ -44,13 +44,14 @@ from gradientmail.errors import (
     Unauthenticated,
 )
 from gradientmail.records import Contribution, Participant, Rejection, RejectionReason, keys
-from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore
+from gradientmail.store import Arrays, CommittedVersion, RunSpec, RunStore, check_tensors
 
 __all__ = [
     "AbandonedRound",
     "Accepted",
     "Base",
     "Fetched",
+    "Handed",
     "RoundDraft",
     "all_finite",
     "capped_weights",
@@ -133,12 +134,27 @@ class Fetched:
     staleness: int
 
 
-def fetch_contribution(store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey) -> Fetched | Rejection:
+@dataclass(frozen=True)
+class Handed:
+    """A contribution this node's own learner published, handed to its syncer in memory: the
+    record it created and the arrays it encoded into the payload (whose sha256 the record
+    pins). The syncer takes them instead of reading both back: the same record, the same bytes."""
+
+    key: keys.ContributionKey
+    record: Contribution
+    arrays: Arrays
+
+
+def fetch_contribution(
+    store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey, handed: Handed | None = None
+) -> Fetched | Rejection:
     """The first half of :func:`validate`: everything that reads the mailbox (the record,
     the payload and its checks, the decode). No backend is touched, so it may run on another
-    thread. Only a retryable mailbox error escapes; anything else becomes a rejection."""
+    thread. Only a retryable mailbox error escapes; anything else becomes a rejection.
+    ``handed``: what this node's learner wrote, taken instead of read (the checks of the record
+    and of the arrays' names, shapes and dtypes still run); replay never hands anything."""
     try:
-        return _fetch(store, spec, base_version, key)
+        return _fetch(store, spec, base_version, key, handed)
     except MailboxError as exc:
         if exc.retryable:
             raise
@@ -166,12 +182,14 @@ def _reject(key: keys.ContributionKey, reason: RejectionReason, detail: str) -> 
     return Rejection(learner=key.learner, contribution=key.record, reason=reason, detail=detail[:500])
 
 
-def _fetch(store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey) -> Fetched | Rejection:
+def _fetch(
+    store: RunStore, spec: RunSpec, base_version: int, key: keys.ContributionKey, handed: Handed | None
+) -> Fetched | Rejection:
     def reject(reason: RejectionReason, detail: str) -> Rejection:
         return _reject(key, reason, detail)
 
     try:
-        contribution = store.read_contribution(key)
+        contribution = handed.record if handed is not None else store.read_contribution(key)
     except Unauthenticated as exc:
         return reject("unauthenticated", str(exc))
     except InvalidRecord as exc:
@@ -202,7 +220,11 @@ def _fetch(store: RunStore, spec: RunSpec, base_version: int, key: keys.Contribu
     if contribution.payload.size_bytes > spec.max_payload_bytes(key.fragment):
         return reject("corrupt", f"payload of {contribution.payload.size_bytes} bytes exceeds the fragment's bound")
     try:
-        arrays = store.read_delta(spec, contribution)
+        if handed is not None:
+            check_tensors(handed.arrays, spec.delta_specs(key.fragment), f"contribution {key.record}")
+            arrays = handed.arrays
+        else:
+            arrays = store.read_delta(spec, contribution)
     except CorruptPayload as exc:
         return reject("corrupt", str(exc))
     except IncompatiblePayload as exc:

@@ -48,9 +48,11 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from gradientmail.backends import Backend
 from gradientmail.errors import CorruptPayload, GradientMailError, InvalidRecord, KeyNotFound
@@ -58,6 +60,7 @@ from gradientmail.polling import PollingLoop, RepeatedFailures, idle_interval
 from gradientmail.records import Lease, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import (
     UNKNOWN_HEAD,
+    CommittedVersion,
     LeaseName,
     LeaseObserver,
     LeaseRead,
@@ -81,6 +84,7 @@ from gradientmail.syncer.rounds import (
     Accepted,
     Base,
     Fetched,
+    Handed,
     RoundDraft,
     check_fetched,
     close_round,
@@ -97,6 +101,9 @@ QUORUM_TIMES_KEPT = 8
 """Closed rounds per fragment whose quorum time is kept (the lateness of contributions that
 arrive after their round, for ``grace_rule="arrivals"``)."""
 
+HANDED_KEPT = 64
+"""Contributions of this node's learner kept in memory for its syncer at most (each is taken by
+the round that examines it, or dropped when a commit makes it stale)."""
 PREFETCH = 2
 STALE_DELETES_PER_COMMIT = 64
 """Stale contributions a commit deletes at once, one request each; a flood's thousands are left
@@ -181,7 +188,7 @@ class SyncerRuntime:
         poll_interval_s: float,
         lease_ttl_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
-        on_commit: Callable[[int, int], None] | None = None,
+        on_commit: Callable[[CommittedVersion], None] | None = None,
         idle_interval_s: float | None = None,
         dedicated: bool = False,
         on_syncer_lease: Callable[[LeaseRead | None], None] | None = None,
@@ -245,6 +252,8 @@ class SyncerRuntime:
         """How often to watch the syncer lease while this node's learner awaits a commit (None: idle pace)."""
         """The lease this node's learner last wrote: the live set takes it as is, unread."""
         self._notified: set[int] = set()
+        self._handed: dict[str, Handed] = {}
+        """Contribution record key → what this node's learner published, handed in memory."""
         self._notified_lock = threading.Lock()
         self.live: dict[str, Lease] = {}
         self._judged_stale: set[tuple[int, str]] = set()
@@ -335,6 +344,8 @@ class SyncerRuntime:
         pacing = self._pacing
         if not self.election.is_leader:
             self._views.clear()  # a future term recovers from the mailbox alone
+            with self._notified_lock:
+                self._handed.clear()
             self.live = {}  # only the elected node watches the learners' leases
             pacing.stand_down()
             self._loop.settle()
@@ -362,11 +373,14 @@ class SyncerRuntime:
         if not busy and not notified:
             self._loop.settle()  # no round due: back to the regular pace
 
-    def contribution_published(self, fragment: int) -> None:
+    def contribution_published(self, fragment: int, handed: Handed | None = None) -> None:
         """A learner in this process uploaded a contribution to ``fragment``: look now, and
-        hurry until its round commits (or the hurry's bound)."""
+        hurry until its round commits (or the hurry's bound). ``handed``: its record and arrays,
+        which this node takes instead of reading them back while it holds the election."""
         with self._notified_lock:
             self._notified.add(fragment)
+            if handed is not None and self.election.is_leader and len(self._handed) < HANDED_KEPT:
+                self._handed[handed.key.record] = handed
         self._loop.hurry()
 
     # -- what a round looks like ---------------------------------------------------
@@ -572,7 +586,9 @@ class SyncerRuntime:
                         upcoming = next(ahead, None)
                         if upcoming is None:
                             break
-                        pending.append(pool.submit(fetch_contribution, self.store, self.spec, view.version, upcoming))
+                        with self._notified_lock:
+                            handed = self._handed.pop(upcoming.record, None)
+                        pending.append(pool.submit(fetch_contribution, self.store, self.spec, view.version, upcoming, handed))
                     fetched = pending.popleft().result()
                     current.seen.add(key.record)
                     self._judge(current, key, check_fetched(self.backend, fetched, norm_limit))
@@ -710,16 +726,15 @@ class SyncerRuntime:
                 )
         if not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
-        stored = self.store.commit_version(
-            self._version_draft(fragment, view, draft, started), committed_by=self.node_id, term=self.election.term
-        )
+        version_draft = self._version_draft(fragment, view, draft, started)
+        stored = self.store.commit_version(version_draft, committed_by=self.node_id, term=self.election.term)
         committed_at = self._clock()
         if stored is None:
             self.lost_races += 1
             log.info("node %s lost the race for fragment %d version %d", self.node_id, fragment, view.version + 1)
             del self._views[fragment]
             return
-        self._committed(fragment, view, draft, stored, started, committed_at)
+        self._committed(fragment, view, draft, stored, started, committed_at, version_draft.params)
 
     def _version_draft(self, fragment: int, view: FragmentView, draft: RoundDraft, started: float) -> VersionDraft:
         """The round's draft as the store commits it: with the round's rejections and timings,
@@ -750,7 +765,14 @@ class SyncerRuntime:
         )
 
     def _committed(
-        self, fragment: int, view: FragmentView, draft: RoundDraft, stored: StoredRound, started: float, committed_at: float
+        self,
+        fragment: int,
+        view: FragmentView,
+        draft: RoundDraft,
+        stored: StoredRound,
+        started: float,
+        committed_at: float,
+        params: Mapping[str, np.ndarray],
     ) -> None:
         """After our commit: learn from the round, drop the stale contributions it rejected,
         open the next round, announce the commit, then apply retention."""
@@ -789,8 +811,13 @@ class SyncerRuntime:
         self._anchor_bounds(fragment, self._views[fragment].base)
         self._activity = True
         self._announce()
-        if self._on_commit is not None:
-            self._on_commit(fragment, record.version)
+        if self._on_commit is not None:  # the learner here takes the committed bytes as they are, unread
+            copies = {name: np.array(array, copy=True) for name, array in params.items()}
+            self._on_commit(CommittedVersion(record, copies, {}, stored.sha256))
+        with self._notified_lock:  # what its round did not take is stale now
+            self._handed = {
+                k: h for k, h in self._handed.items() if h.key.fragment != fragment or h.key.base_version >= record.version
+            }
         telemetry.round_committed(
             self,
             fragment,
