@@ -181,6 +181,9 @@ def test_lease_ages_are_judged_on_the_observers_clock(tmp_path):
     a = SyncerRuntime(store, get_backend("numpy"), spec, "a", poll_interval_s=0.2, clock=clock_a)
     b = SyncerRuntime(store, get_backend("numpy"), spec, "b", poll_interval_s=0.2, clock=clock_b)
     assert a.election.lease_age() is None and b.learner_lease_ages() == {}
+    a.run_once()
+    clock_a.now += 0.2
+    a.run_once()  # the renewal that announces the version it loaded (the bulletin)
     lease = LearnerLease(store, "l0", 10.0)
     lease.renew({})
     a.run_once()
