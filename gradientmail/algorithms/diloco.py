@@ -7,6 +7,7 @@ and are re-exported here, where the merge note names them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
@@ -16,6 +17,7 @@ from gradientmail.algorithms.merge import (
     ISO_C_OUTER_LR,
     ISO_C_OUTER_MOMENTUM,
     IsoC,
+    MergeArithmetic,
     MergeConfig,
     Rda,
     WeightedMean,
@@ -83,6 +85,14 @@ class DiLoCo(FrozenConfig):
     ``outer_momentum`` × the share of the merged work trained on the round's base, so work
     carried across an alignment is not pushed by momentum it never saw; ``fixed`` —
     ``outer_momentum`` every round (the guide). The same wherever no work is carried."""
+    merge_arithmetic: MergeArithmetic = "streamed"
+    """How the syncer sums a round's merge (docs/algorithms.md, "Summed as contributions
+    arrive"): ``streamed`` (the default) — each accepted contribution is added as it arrives,
+    so only the outer step remains when the last one lands; ``normalized`` — the factors
+    ``wᵢ/W`` once every contribution is in (the form before issue 25). The two differ in the
+    last bits, not in what they compute. The run's manifest decides, not each node: a
+    manifest written before this field existed reads as ``normalized``, so its rounds replay
+    to their bytes."""
     quorum_size: int = Field(default=1, gt=0)
     """Accepted contributions a round waits for before its grace window (K)."""
     max_staleness: int = Field(default=0, ge=0)
@@ -217,6 +227,14 @@ class DiLoCo(FrozenConfig):
     def outer(self) -> NesterovOuter:
         """The outer optimizer these settings describe."""
         return NesterovOuter(lr=self.outer_lr, momentum=self.outer_momentum)
+
+    @classmethod
+    def from_manifest(cls, form: Mapping[str, Any]) -> DiLoCo:
+        """Rebuild from a run manifest; one written before ``merge_arithmetic`` existed merged
+        with the normalized factors, and says so by leaving the field out."""
+        if isinstance(form, Mapping) and "merge_arithmetic" not in form:
+            form = {**form, "merge_arithmetic": "normalized"}
+        return super().from_manifest(form)
 
     def run_config(self) -> dict[str, Any]:
         """The manifest form restricted to the fields every node must share."""

@@ -15,6 +15,17 @@ also leaves the final scale ``r̄/‖u‖`` unapplied (a :class:`MergedDelta`) s
 folds it into its own single pass. :func:`merge_tensors`, :func:`rda` and
 :func:`weighted_mean` apply it and return plain tensors, with the same results as before.
 
+Summed as contributions arrive (issue 25, ``DiLoCo.merge_arithmetic="streamed"``). The
+factors above need ``W``, known only when the round closes, so every merge waits for the last
+contribution. :class:`MergeSum` instead adds each contribution as it is accepted with a factor
+that needs no ``W`` (``wᵢ/w₁``, or ``(wᵢ/w₁)/‖Δᵢ‖`` for RDA; ``w₁`` the first weight, which keeps
+the sum at the deltas' scale) and leaves ``1/W`` (RDA: ``r̄/‖A‖``, taken in one pass over the sum
+``A``) to the final scale the outer step folds in. The sum is defined term by term in merge
+order; a sum built as contributions arrive and one combined at once are the same bytes
+(:meth:`Backend.accumulate`), which is what lets replay reproduce a streamed round. Runs whose
+manifest predates the field keep the normalized factors (``"normalized"``), so their rounds
+still replay to their bytes.
+
 Iso-C (issue 14) is the weighted mean followed by one isotropic step per matrix; its mean
 singular value is the unapplied scale, its ``U·Vᵀ`` the tensor (:meth:`IsoC.isotropic`).
 """
@@ -200,6 +211,11 @@ than the mean delta it replaces, so it wants a larger outer step than DiLoCo's 0
 Merge = Rda | WeightedMean | IsoC
 """Any merge configuration."""
 
+MergeArithmetic = Literal["normalized", "streamed"]
+"""How a round's merge is summed (``DiLoCo.merge_arithmetic``): ``normalized`` — factors
+``wᵢ/W`` once every contribution is in (:func:`merge_tensors_scaled`); ``streamed`` — a
+:class:`MergeSum` added to as contributions arrive."""
+
 MergeConfig = Annotated[Merge, Field(discriminator="kind")]
 """The merge field of :class:`~gradientmail.algorithms.diloco.DiLoCo` (manifest: ``{"kind": …}``)."""
 
@@ -288,3 +304,109 @@ def merge_tensors(
     """Merge a fragment: one delta mapping per contribution, the same weights for every tensor."""
     merged = merge_tensors_scaled(merge, deltas, weights, backend)
     return {name: merged[name] for name in merged}
+
+
+class MergeSum:
+    """A fragment's merge summed as contributions arrive, in merge order (``"streamed"``).
+
+    Per tensor the running sum is ``A = Σ fᵢ·Δᵢ`` in fp32, added term by term: ``fᵢ = wᵢ/w₁``
+    for the weighted mean and Iso-C, ``(wᵢ/w₁)/max(‖Δᵢ‖, floor)`` for RDA (``w₁`` the first
+    positive weight; the merge's result does not depend on it, only the sum's scale). What
+    needs every weight is taken by :meth:`merged`: the weighted mean is ``A`` times ``w₁/W``,
+    RDA ``A`` times ``r̄/‖A‖`` (``r̄ = Σ wᵢ‖Δᵢ‖/W``; one pass over ``A``), Iso-C the isotropic
+    form of ``A`` with its scale times ``w₁/W``. The sums are owned here and added to in place,
+    so a draft's merged delta stops being valid once another contribution is added.
+    """
+
+    def __init__(self, merge: Merge, backend: Backend) -> None:
+        self.merge = merge
+        self.backend = backend
+        self._sums: dict[str, Tensor] = {}
+        self._lengths: dict[str, float] = {}  # RDA tensors: Σ (wᵢ/w₁)·‖Δᵢ‖, in order
+        self._terms: list[tuple[Mapping[str, Tensor], float]] = []
+        self._reference = 0.0
+        self._total = 0.0  # Σ wᵢ/w₁, in order
+
+    @classmethod
+    def of(
+        cls,
+        merge: Merge,
+        backend: Backend,
+        deltas: Sequence[Mapping[str, Tensor]],
+        weights: Sequence[float],
+        norms: Sequence[Mapping[str, float]] | None = None,
+    ) -> MergeSum:
+        """Every term at once: one :meth:`Backend.combine` pass per tensor, the bytes of adding
+        them one by one."""
+        _check_lengths(deltas, weights)
+        if norms is not None and len(norms) != len(deltas):
+            raise ValueError(f"{len(deltas)} contributions but {len(norms)} sets of norms")
+        summed = cls(merge, backend)
+        factors = [
+            summed._admit(delta, value, None if norms is None else norms[index])
+            for index, (delta, value) in enumerate(zip(deltas, weights, strict=True))
+        ]
+        for name in deltas[0]:
+            summed._sums[name] = backend.combine([delta[name] for delta in deltas], [f[name] for f in factors])
+        return summed
+
+    def add(self, delta: Mapping[str, Tensor], weight_value: float, norms: Mapping[str, float] | None = None) -> None:
+        """Add one contribution's delta with its weight (and, for RDA, the ‖Δᵢ‖ per tensor that
+        validation measured; measured here otherwise). The delta is kept by reference to
+        recognise the terms (:meth:`holds`), never written."""
+        for name, factor in self._admit(delta, weight_value, norms).items():
+            total = self._sums.get(name)
+            tensor = delta[name]
+            self._sums[name] = (
+                self.backend.combine([tensor], [factor]) if total is None else self.backend.accumulate(total, tensor, factor)
+            )
+
+    def holds(self, deltas: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> bool:
+        """Whether this sum is of exactly these deltas with these weights, in this order."""
+        return len(deltas) == len(self._terms) and all(
+            delta is held and float(value) == held_weight
+            for delta, value, (held, held_weight) in zip(deltas, weights, self._terms, strict=True)
+        )
+
+    def merged(self) -> MergedDelta:
+        """The merge of the terms so far, its final scale unapplied (:class:`MergedDelta`)."""
+        if not self._terms:
+            raise ValueError("a merge needs at least one contribution")
+        if self._total <= 0.0:
+            raise ValueError("the contribution weights sum to zero")
+        backend, parts = self.backend, {}
+        for name, total in self._sums.items():
+            if name in self._lengths:
+                mean_length = self._lengths[name] / self._total
+                direction_norm = backend.finite_norm(total) / self._total
+                parts[name] = (total, mean_length / max(direction_norm, NORM_FLOOR) / self._total)
+            elif isinstance(self.merge, IsoC) and not self.merge.uses_weighted_mean(name) and len(backend.shape(total)) >= 2:
+                direction, factor = self.merge.isotropic(backend, total)
+                parts[name] = (direction, factor / self._total)
+            else:
+                parts[name] = (total, 1.0 / self._total)
+        return MergedDelta(backend, parts)
+
+    def _admit(self, delta: Mapping[str, Tensor], weight_value: float, norms: Mapping[str, float] | None) -> dict[str, float]:
+        """Record one term; its factor per tensor."""
+        value = float(weight_value)
+        if not (value >= 0.0) or value == float("inf"):
+            raise ValueError(f"weights must be finite and non-negative, got {value}")
+        if self._terms and set(delta) != set(self._terms[0][0]):
+            raise ValueError(
+                f"contribution {len(self._terms)} holds tensors {sorted(delta)}, expected {sorted(self._terms[0][0])}"
+            )
+        if self._reference == 0.0 and value > 0.0:
+            self._reference = value
+        share = value / self._reference if self._reference > 0.0 else 0.0
+        self._terms.append((delta, value))
+        self._total += share
+        factors: dict[str, float] = {}
+        for name, tensor in delta.items():
+            if isinstance(self.merge, Rda) and not self.merge.uses_weighted_mean(name):
+                length = norms[name] if norms is not None and name in norms else self.backend.finite_norm(tensor)
+                self._lengths[name] = self._lengths.get(name, 0.0) + share * length
+                factors[name] = share / max(length, NORM_FLOOR)
+            else:
+                factors[name] = share
+        return factors

@@ -11,6 +11,8 @@ and the fragment once more for the outer step. The kernels below do each in one 
   ``fp32(tᵢ)·fp32(fᵢ)`` rounded, then added in input order: the same per-element arithmetic
   as :meth:`Backend.linear_combination`), optionally with the fp64 sum of squares of the
   result accumulated in the same pass (RDA's ‖u‖).
+* :meth:`Backend.accumulate`: one more term of such a sum, in place (a round summed as its
+  contributions arrive is byte for byte the sum combined at once).
 * :meth:`Backend.finite_norm`: the fp64-accumulated norm in one pass; a non-finite result
   means a NaN/Inf element (or an fp64 overflow), so it replaces ``all_finite`` + ``norm``.
 * :meth:`Backend.outer_update`: the Nesterov step ``g = s·Δ; m' = β·m + g;
@@ -120,6 +122,12 @@ class Backend(ABC):
         """``combine`` and the fp64 sum of squares of its fp32 result, from the same pass."""
         combined = self.combine(tensors, factors)
         return combined, self.norm(combined) ** 2
+
+    def accumulate(self, total: Tensor, tensor: Tensor, factor: float) -> Tensor:
+        """``total + fp32(tensor)·fp32(factor)``: one more term of :meth:`combine` (the same
+        bytes as combining every term at once), in place where the backend can; returns the
+        sum. ``total`` must be an fp32 tensor this backend made (a ``combine`` result)."""
+        return self.add(total, self.scale(self.to_fp32(tensor), factor))
 
     def finite_norm(self, tensor: Tensor) -> float:
         """The norm (fp64-accumulated) in one pass; NaN or infinite when any element is, or

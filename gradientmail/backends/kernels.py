@@ -174,6 +174,28 @@ def combine_arrays(arrays: Sequence[np.ndarray], factors: Sequence[float], *, su
     return out.reshape(shape), sum(partials, 0.0)
 
 
+def accumulate_arrays(total: np.ndarray, array: np.ndarray, factor: float) -> np.ndarray:
+    """``total += fp32(array)·fp32(factor)`` in place, one pass, returning ``total`` (fp32,
+    C-contiguous): the per-element arithmetic of one more term of :func:`combine_arrays`, so
+    a sum built term by term is byte for byte the sum combined at once."""
+    if total.dtype != _F32 or not total.flags.c_contiguous or not total.flags.writeable:
+        raise ValueError("the running sum must be a writable, contiguous fp32 array")
+    if np.shape(array) != np.shape(total):
+        raise ValueError(f"term has shape {np.shape(array)}, the sum {np.shape(total)}")
+    sums = total.reshape(-1)
+    flat = _flat(np.asarray(array))
+    scale = np.float32(factor)
+
+    def work(start: int, stop: int, scratch: Scratch) -> float:
+        term = scratch.f32[: stop - start]
+        np.multiply(_to_fp32_into(term, flat[start:stop]), scale, out=term)
+        np.add(sums[start:stop], term, out=sums[start:stop])
+        return 0.0
+
+    run_blocks(sums.size, work)
+    return total
+
+
 def finite_norm_array(array: np.ndarray) -> float:
     """fp64-accumulated norm in one pass over fixed blocks; NaN/inf when an element is."""
     flat = _flat(np.asarray(array))

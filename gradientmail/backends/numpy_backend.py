@@ -16,6 +16,7 @@ from gradientmail.backends.base import Backend, Tensor
 from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import (
     KERNEL_CHUNK,
+    accumulate_arrays,
     combine_arrays,
     finite_norm_array,
     isotropic_exact_array,
@@ -49,6 +50,9 @@ class NumpyBackend(Backend):
 
     def combine_sumsq(self, tensors: Sequence[Tensor], factors: Sequence[float]) -> tuple[np.ndarray, float]:
         return combine_arrays([np.asarray(t) for t in tensors], factors, sumsq=True)
+
+    def accumulate(self, total: Tensor, tensor: Tensor, factor: float) -> np.ndarray:
+        return accumulate_arrays(np.asarray(total), np.asarray(tensor), factor)
 
     def isotropic_exact(self, tensor: Tensor) -> tuple[np.ndarray, float]:
         return isotropic_exact_array(np.asarray(tensor))

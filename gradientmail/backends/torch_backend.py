@@ -29,6 +29,7 @@ from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import (
     CUBIC,
     QUINTIC,
+    accumulate_arrays,
     as_matrix,
     combine_arrays,
     finite_norm_array,
@@ -200,6 +201,14 @@ class TorchBackend(Backend):
             return super().combine_sumsq(tensors, factors)
         combined, sumsq = combine_arrays(views, factors, sumsq=True)
         return torch.from_numpy(combined), sumsq
+
+    def accumulate(self, total: torch.Tensor, tensor: torch.Tensor, factor: float) -> torch.Tensor:
+        views = _host_views([total, tensor])
+        if views is None:
+            summed: torch.Tensor = super().accumulate(total, tensor, factor)
+            return summed
+        accumulate_arrays(views[0], views[1], factor)  # in place: ``total`` shares the view's memory
+        return total
 
     def isotropic_exact(self, tensor: torch.Tensor) -> tuple[torch.Tensor, float]:
         host = _host_view(tensor)

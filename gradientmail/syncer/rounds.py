@@ -18,6 +18,11 @@ runs exactly the same functions on the same inputs, hence the same bytes. ``vali
 ``fetch_contribution`` (record, payload, size and sha256, decode: mailbox reads only, safe on
 another thread) then ``check_fetched`` (the backend's passes); the syncer runs the first half
 of the next contributions ahead while it checks the current one, in the listed order.
+
+With ``merge_arithmetic="streamed"`` (issue 25) the syncer also adds each accepted delta to the
+round's :class:`~gradientmail.algorithms.merge.MergeSum` as it checks it; ``close_round`` takes
+that sum when it holds exactly the participants and their final weights, else sums them itself,
+as replay does: the same bytes either way.
 """
 
 from __future__ import annotations
@@ -29,7 +34,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from gradientmail.algorithms.merge import MergedDelta, merge_from_manifest, merge_tensors_scaled, staleness_discount, weight
+from gradientmail.algorithms.merge import (
+    MergedDelta,
+    MergeSum,
+    merge_from_manifest,
+    merge_tensors_scaled,
+    staleness_discount,
+    weight,
+)
 from gradientmail.algorithms.outer import MergedWork, NesterovOuter, OuterState, round_momentum
 from gradientmail.backends import Backend, Tensor
 from gradientmail.backends.quantize import compact_update
@@ -63,6 +75,7 @@ __all__ = [
     "merge_round",
     "outer_step",
     "round_beta",
+    "round_sum",
     "replay_round",
     "replayed_draft",
     "validate",
@@ -332,6 +345,7 @@ def close_round(
     samples_per_step_cap: float | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
+    summed: MergeSum | None = None,
 ) -> RoundDraft | AbandonedRound:
     """Merge the accepted deltas onto ``base`` and take the outer step: the one rule the live
     syncer commits by and ``replay_round`` recomputes (INV-4).
@@ -340,11 +354,14 @@ def close_round(
     the participant with the largest delta is dropped and the merge retried (a ``non_finite``
     rejection each, INV-12); with ``update_quantization`` the committed parameters are the
     base's plus the quantized change (INV-16). ``clock`` times the merge and the outer step.
+    ``summed``: the round's merge summed as its contributions arrived (``merge_arithmetic=
+    "streamed"``), used when it holds exactly the participants with their capped weights;
+    otherwise the sum is taken here (the same bytes either way).
     """
     participants = capped_weights(accepted, samples_per_step_cap)
     non_finite: list[Rejection] = []
     while participants:
-        merged, final = merge_round(backend, spec, participants)
+        merged, final = merge_round(backend, spec, participants, summed)
         merged_at = clock()
         momentum = round_beta(spec, participants)
         params, state = outer_step(backend, spec, base, merged, final, momentum)
@@ -376,16 +393,32 @@ def close_round(
     return AbandonedRound(tuple(non_finite))
 
 
-def merge_round(backend: Backend, spec: RunSpec, accepted: Sequence[Accepted]) -> tuple[MergedDelta, bool]:
+def merge_round(
+    backend: Backend, spec: RunSpec, accepted: Sequence[Accepted], summed: MergeSum | None = None
+) -> tuple[MergedDelta, bool]:
     """The merge of ``close_round``: merged delta, final flag.
 
     The merged delta keeps RDA's final scale unapplied for the outer step to fold in; the
-    norms validation measured are reused when every contribution carries all of them."""
+    norms validation measured are reused when every contribution carries all of them. With
+    ``merge_arithmetic="streamed"`` the merge is a :class:`MergeSum` in merge order: ``summed``
+    when it holds exactly these deltas and weights, else one taken here."""
     deltas = [a.delta for a in accepted]
+    weights = [a.weight for a in accepted]
     known = all(set(a.tensor_norms) >= set(a.delta) for a in accepted)
     norms = [a.tensor_norms for a in accepted] if known else None
-    merged = merge_tensors_scaled(spec.algorithm.merge, deltas, [a.weight for a in accepted], backend, norms=norms)
-    return merged, all(a.contribution.final for a in accepted)
+    final = all(a.contribution.final for a in accepted)
+    merge = spec.algorithm.merge
+    if spec.algorithm.merge_arithmetic == "normalized":
+        return merge_tensors_scaled(merge, deltas, weights, backend, norms=norms), final
+    if summed is None or not summed.holds(deltas, weights):
+        summed = MergeSum.of(merge, backend, deltas, weights, norms)
+    return summed.merged(), final
+
+
+def round_sum(backend: Backend, spec: RunSpec) -> MergeSum | None:
+    """An empty sum for a round to add its contributions to as they are accepted
+    (:meth:`MergeSum.add`); None where the run merges with the normalized factors."""
+    return MergeSum(spec.algorithm.merge, backend) if spec.algorithm.merge_arithmetic == "streamed" else None
 
 
 def round_beta(spec: RunSpec, participants: Sequence[Accepted]) -> float:

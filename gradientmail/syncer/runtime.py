@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gradientmail.algorithms.merge import MergeSum
 from gradientmail.backends import Backend
 from gradientmail.errors import CorruptPayload, GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.polling import PollingLoop, RepeatedFailures, idle_interval
@@ -90,6 +91,7 @@ from gradientmail.syncer.rounds import (
     close_round,
     fetch_contribution,
     load_base,
+    round_sum,
 )
 from gradientmail.telemetry import hooks as telemetry
 
@@ -139,6 +141,9 @@ class OpenRound:
     """A listed contribution names a base newer than ours: probe for the newer version next pass."""
     examined: int = 0
     """New contributions this round fetched or chose to (``ROUND_CONTRIBUTION_LIMIT``)."""
+    summed: MergeSum | None = None
+    """The merge of ``accepted`` summed as they were accepted (``merge_arithmetic="streamed"``);
+    ``close_round`` takes it when it still holds exactly the round's participants."""
 
     @property
     def learners(self) -> set[str]:
@@ -643,6 +648,10 @@ class SyncerRuntime:
                 )
             )
         else:
+            if current.summed is None and not current.accepted:
+                current.summed = round_sum(self.backend, self.spec)
+            if current.summed is not None:  # merged now, while the next contributions are fetched
+                current.summed.add(outcome.delta, outcome.weight, outcome.tensor_norms)
             current.accepted.append(outcome)
             if len(current.accepted) in (1, self.spec.algorithm.quorum_size - 1):
                 self._announce()  # a round opened, or one short of quorum: learners may join it
@@ -700,7 +709,9 @@ class SyncerRuntime:
         cap = self._history[fragment].samples_per_step_cap(
             (a.contribution.steps, a.contribution.samples) for a in current.accepted
         )
-        draft = close_round(self.backend, self.spec, view.base, current.accepted, cap, clock=self._clock)
+        draft = close_round(self.backend, self.spec, view.base, current.accepted, cap, clock=self._clock, summed=current.summed)
+        if draft.non_finite:
+            current.summed = None  # it holds a dropped delta: the next close sums afresh
         for rejection in draft.non_finite:
             current.accepted = [a for a in current.accepted if a.key.record != rejection.contribution]
             current.rejected.append(rejection)
