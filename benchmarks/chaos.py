@@ -51,6 +51,7 @@ from typing import Any
 from benchmarks.chaos_hostile import HostileWriter, stray_only
 from benchmarks.fault_proxy import FAULT_KINDS, FaultProxy
 from benchmarks.seaweed import Seaweed, die_with_parent, find_weed
+from benchmarks.targets import conditions
 from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.polling import idle_interval
@@ -638,7 +639,7 @@ def run(
         "monitor_errors": monitor.errors,
         "wall_s": time.monotonic() - began,
     }  # fmt: skip
-    result["targets"] = [{"target": text, "met": met} for text, met in report(result)]
+    result["targets"] = [v.as_json() for v in conditions(report(result), runs=1)]
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"\nwrote {out / 'result.json'}")
     safe = result["double_commits"] == 0 and result["lost_commits"] == 0 and result["chains_contiguous"]
@@ -729,8 +730,8 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
         ),
     ]
     print()
-    for text, met in verdicts:
-        print(f"  [{'n/a' if met is None else 'met' if met else 'NOT MET'}] {text}")
+    for v in conditions(verdicts, runs=1):  # one chaos run
+        print(f"  {v.line()}")
     return verdicts
 
 

@@ -30,7 +30,7 @@ embeddings too), ``iso_c_lr`` (Iso-C's outer lr × momentum at M = 4, the best t
 top arms again on a second seed: how large is the noise), ``extra`` (Iso-C's variants, fast
 with the paper's RMS scale and on the embeddings too, at the default and the best outer step). Writes
 ``runs/lockstep-quality-<UTC time>/result.json`` after every group and prints a table with
-each target marked met or NOT MET.
+each target judged through ``benchmarks/targets.py`` (one seed per arm: a miss is a miss, a pass is information).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 import gradientmail as gm
+from benchmarks.targets import conditions
 from demo import model as torch_gpt
 from demo import settings
 from demo.data import BatchSampler, load_corpus, validation_windows
@@ -617,12 +618,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {group} ({time.monotonic() - started:.0f} s) ==")
         for line in table(arms, sync_every):
             print(line)
-        for text, met in verdicts:
-            print(f"  [{'met' if met else 'NOT MET'}] {text}")
+        judged = conditions(verdicts, runs=1)  # one seed per arm (the seed2 group reruns a few)
+        for v in judged:
+            print(f"  {v.line()}")
         print(flush=True)
         document["groups"][group] = {
             "arms": [asdict(arm) for arm in arms],
-            "targets": [{"target": text, "met": met} for text, met in verdicts],
+            "targets": [v.as_json() for v in judged],
         }
         (out / "result.json").write_text(json.dumps(document, indent=1) + "\n")
     print(f"wrote {out / 'result.json'}")

@@ -42,7 +42,10 @@ lighthouse) runs alone on the highest core and the learners on the others, in ev
 (:func:`core_plan`); with fewer, nothing is pinned, and the table says which.
 
 Writes ``runs/peer-torchft-<UTC time>/result.json`` (``--json``); prints a table and the
-target: GradientMail on S3's throughput ratio at least torchft's.
+targets (``benchmarks/targets.py``: medians of ≥ 3 interleaved repeats, at GradientMail's
+defaults): its final loss within 1 % of torchft's; its throughput ratio at least torchft's at
+that quality (a faster run at a worse loss is not met); its exchange CPU per sync at most
+torchft's.
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from benchmarks.targets import DEFAULTS, Verdict, check, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHFT_VENV = ROOT / "runs" / ".venv-torchft"
@@ -92,6 +97,10 @@ class ArmResult:
     """CPU seconds of one learner's process (every thread) over the loop, mean over learners."""
     server_cpu_s: float | None = None
     """CPU seconds of the lighthouse or the SeaweedFS server while the arm ran."""
+    exchange_cpu_ms_per_sync_runs: list[float] = field(default_factory=list)
+    """Per repeat: the exchange CPU per sync in ms (see ``exchange_cpu_ms_per_sync``)."""
+    eval_losses: list[float] = field(default_factory=list)
+    """Per repeat: the held-out loss ``eval_loss`` averages."""
     exchange_cpu_ms_per_sync: float | None = None
     """What the exchange costs a learner's cores: (this arm's loop CPU − the bare loop's, per
     repeat, mean over learners) ÷ syncs, in ms; every thread of the process counts (torchft's
@@ -245,6 +254,7 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
             statistics.mean(r["loop_cpu_s"] for r in t["learners"]) - statistics.mean(r["loop_cpu_s"] for r in b["learners"])
             for b, t in zip(bare.trials, trials, strict=False)
         ]
+        result.exchange_cpu_ms_per_sync_runs = [e * 1e3 / syncs for e in extra]
         result.exchange_cpu_ms_per_sync = statistics.median(extra) * 1e3 / syncs
     if arm != "bare":
         ups = [sorted((r["bytes_up"] / syncs for r in t["learners"]), reverse=True) for t in trials]
@@ -258,6 +268,7 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
     for t in trials:
         newest = max(t["learners"], key=lambda r: (r.get("versions", {}).get("0", 0), -r["eval_loss"]))
         losses.append(newest["eval_loss"] if arm.startswith("gm") else statistics.mean(r["eval_loss"] for r in t["learners"]))
+    result.eval_losses = losses
     result.eval_loss = statistics.mean(losses)
     servers = [t["server_cpu_s"] for t in trials if t["server_cpu_s"] is not None]
     result.server_cpu_s = statistics.median(servers) if servers else None
@@ -395,13 +406,61 @@ def print_table(results: list[ArmResult], parameters: int, repeats: int) -> None
     )
 
 
-def verdict(results: dict[str, ArmResult]) -> dict[str, Any]:
+GM_DEFAULTS = {
+    "poll": 0.2,
+    "quorum": 1,
+    "merge": "rda",
+    "overlap_steps": None,
+    "no_carry": False,
+    "max_staleness": 0,
+    "grace_max_s": None,
+    "grace_tau": None,
+    "knobs": None,
+}
+"""GradientMail's settings as this benchmark's options spell them, at the shipped defaults."""
+
+
+def gm_setting(args: argparse.Namespace) -> str:
+    """``defaults``, or the GradientMail options that differ from them (a verdict needs the defaults)."""
+    changed = [f"{name}={getattr(args, name)!r}" for name, value in GM_DEFAULTS.items() if getattr(args, name) != value]
+    return ", ".join(changed) if changed else DEFAULTS
+
+
+LOSS_TOLERANCE = 1.01
+"""Throughput counts only at equal quality: GradientMail's final loss within 1 % of torchft's."""
+
+
+def verdicts(results: dict[str, ArmResult], setting: str) -> list[Verdict]:
+    """The targets against torchft, per repeat (interleaved, so each repeat compares arms that
+    ran side by side in time), judged on the medians: equal quality first, then throughput at
+    that quality, then the exchange's CPU per sync (issue "Speed round 2")."""
     s3, tf = results.get("gm-s3"), results.get("torchft")
-    target: dict[str, Any] = {"target": "GradientMail on S3 throughput ratio ≥ torchft's"}
+    names = (
+        f"GradientMail on S3: final loss ≤ {LOSS_TOLERANCE:g}× torchft's",
+        "GradientMail on S3: throughput ratio ≥ torchft's, at that quality",
+        "GradientMail on S3: exchange CPU per sync ≤ torchft's (ms more than torchft)",
+    )
     if s3 is None or tf is None:
-        return {**target, "met": None, "why": "the gm-s3 or the torchft arm did not run"}
-    return {**target, "gm_s3": round(s3.throughput_ratio, 3), "torchft": round(tf.throughput_ratio, 3),
-            "met": s3.throughput_ratio >= tf.throughput_ratio}  # fmt: skip
+        return [check(name, None, detail="the gm-s3 or the torchft arm did not run") for name in names]
+    losses = [g / t for g, t in zip(s3.eval_losses, tf.eval_losses, strict=False)]
+    quality = verdict(names[0], losses, lambda ratio: ratio <= LOSS_TOLERANCE, setting=setting)
+    speeds = [g / t for g, t in zip(s3.throughput_ratios, tf.throughput_ratios, strict=False)]
+    speed = verdict(
+        names[1],
+        speeds,
+        lambda ratio: ratio >= 1.0 and quality.met is True,
+        setting=setting,
+        detail=f"{s3.throughput_ratio:.2f}× bare against torchft's {tf.throughput_ratio:.2f}×"
+        + ("" if quality.met is not False else "; at unequal quality, so not met"),
+    )
+    cpu = verdict(
+        names[2],
+        [g - t for g, t in zip(s3.exchange_cpu_ms_per_sync_runs, tf.exchange_cpu_ms_per_sync_runs, strict=False)],
+        lambda extra: extra <= 0.0,
+        setting=setting,
+        detail=f"{s3.exchange_cpu_ms_per_sync or 0:.0f} ms against {tf.exchange_cpu_ms_per_sync or 0:.0f} ms",
+    )
+    return [quality, speed, cpu]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -470,14 +529,11 @@ def main(argv: list[str] | None = None) -> int:
     results = {"bare": bare, **{arm: summarise(arm, trials[arm], bare) for arm in arms[1:]}}
     parameters = trials["bare"][0]["learners"][0]["parameters"]
     print_table(list(results.values()), parameters, args.repeats)
-    target = verdict(results)
-    if target["met"] is not None:
-        met = "met" if target["met"] else "NOT MET"
-        print(
-            f"\ntarget: GradientMail on S3 throughput ratio ≥ torchft's: {met} ({target['gm_s3']:.2f} vs {target['torchft']:.2f})"
-        )
-    else:
-        print(f"\ntarget: GradientMail on S3 throughput ratio ≥ torchft's: not evaluated ({target['why']})")
+    judged_at = gm_setting(args)
+    targets = verdicts(results, judged_at)
+    print()
+    for v in targets:
+        print(v.line("{:.3g}"))
     for arm in results.values():
         for trial in arm.trials:
             for learner in trial["learners"]:
@@ -508,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             "pinned": None if PLAN is None else {"server": sorted(PLAN[0]), "learners": sorted(PLAN[1])},
         },
         "arms": {arm: asdict(r) for arm, r in results.items()},
-        "target": target,
+        "targets": [v.as_json() for v in targets],
         "torchft_bytes_formula": "per sync and learner, each way: 2(n−1)/n × 4 bytes × parameters (gloo ring allreduce)",
     }
     out.write_text(json.dumps(payload, indent=2))

@@ -1,6 +1,6 @@
 """Quality: does an asynchronous GradientMail run train as well as synchronous DiLoCo?
 
-    python -m benchmarks.quality            # ~20 minutes on 2 cores
+    python -m benchmarks.quality            # ~60 minutes on 2 cores (3 seeds)
     python -m benchmarks.quality --quick    # a smoke run: fewer steps, one mix
     python -m benchmarks.quality --regimes  # the regime matrix (benchmarks/regimes.py)
 
@@ -13,7 +13,8 @@ mailbox. Two learner mixes: equal speed, and one learner at half speed (a sleep 
 the in-process references do not depend on speed, so they run once).
 
 Writes ``runs/quality-<time>/result.json`` and ``loss.png``; prints a table with the
-targets of docs/benchmarks.md marked met or not.
+targets of docs/benchmarks.md, each on the median over ``--seeds`` data seeds (default 3) of
+its per-seed figure against the same seed's reference (``benchmarks/targets.py``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 import gradientmail as gm
 from benchmarks.seaweed import S3Endpoint
+from benchmarks.targets import MIN_RUNS, Verdict, verdict
 from demo import model as torch_gpt
 from demo import settings
 from demo.data import BatchSampler, load_corpus, validation_windows
@@ -46,6 +48,8 @@ from gradientmail.store import RunStore
 # -- configuration ---------------------------------------------------------------------------
 LEARNERS = 4
 STEPS = 300
+SEED_STRIDE = 100
+"""Data seed ``s`` shifts every batch stream of a run (learners, references) by ``s × 100``."""
 BATCH = 16
 SYNC_EVERY = 50
 LR = settings.LEARNING_RATE
@@ -96,6 +100,8 @@ class Arm:
     """Bytes a learner fetched per parameter per H steps it trained."""
     curve: list[tuple[int, float]] = field(default_factory=list)
     """(step, training loss) points for the plot."""
+    seed: int = 0
+    """Which data seed (``SEED_STRIDE`` apart: every batch stream of the run moves with it)."""
 
 
 def validation(config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -112,21 +118,22 @@ def single_learner(config: GPTConfig, steps: int) -> Arm:
     return Arm("one learner alone", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
 
 
-def data_parallel(config: GPTConfig, steps: int) -> Arm:
+def data_parallel(config: GPTConfig, steps: int, *, seed: int = 0) -> Arm:
     """One model, batch learners × BATCH: what synchronous data-parallel training computes."""
     started = time.monotonic()
     trainer = build_trainer("torch", config, LR)
-    sampler = BatchSampler(load_corpus().train, LEARNERS * BATCH, config.context, seed=1000)
+    sampler = BatchSampler(load_corpus().train, LEARNERS * BATCH, config.context, seed=1000 + seed * SEED_STRIDE)
     losses = [trainer.step(sampler.next()) for _ in range(steps)]
-    return Arm("data-parallel", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
+    wall = time.monotonic() - started
+    return Arm("data-parallel", "any", trainer.evaluate(validation(config)), wall, curve=_curve(losses), seed=seed)
 
 
-def sync_diloco(config: GPTConfig, steps: int, learners: int = LEARNERS, sync_every: int = SYNC_EVERY) -> Arm:
+def sync_diloco(config: GPTConfig, steps: int, learners: int = LEARNERS, sync_every: int = SYNC_EVERY, *, seed: int = 0) -> Arm:
     started = time.monotonic()
     result = synchronous_diloco(
         config,
         load_corpus().train,
-        seeds=range(1, learners + 1),
+        seeds=range(1 + seed * SEED_STRIDE, learners + 1 + seed * SEED_STRIDE),
         steps=steps,
         sync_every=sync_every,
         batch_size=BATCH,
@@ -134,7 +141,8 @@ def sync_diloco(config: GPTConfig, steps: int, learners: int = LEARNERS, sync_ev
         outer=gm.NesterovOuter(lr=0.7, momentum=0.9),
     )
     loss = torch_gpt.evaluate(result.model, validation(config))
-    return Arm("synchronous DiLoCo", "any", loss, time.monotonic() - started, rounds=result.rounds, curve=_curve(result.losses))
+    wall = time.monotonic() - started
+    return Arm("synchronous DiLoCo", "any", loss, wall, rounds=result.rounds, curve=_curve(result.losses), seed=seed)
 
 
 def _curve(losses: list[float], every: int = 10) -> list[tuple[int, float]]:
@@ -155,6 +163,7 @@ def gradientmail_arm(
     algorithm: gm.DiLoCo | None = None,
     worker_args: Sequence[Sequence[str]] | None = None,
     beside: Callable[[str], subprocess.Popen[str]] | None = None,
+    seed: int = 0,
 ) -> Arm:
     """Real learner processes (one per entry of ``sleeps``, each sleeping that long after every
     step, training ``steps`` steps or its own entry of them) through a directory mailbox, or a
@@ -175,7 +184,8 @@ def gradientmail_arm(
     for index, sleep in enumerate(sleeps):
         command = [
             sys.executable, "-m", "demo.worker", "--mailbox", url, "--learner-id", f"learner-{index + 1}",
-            "--steps", str(learner_steps[index]), "--seed", str(index + 1), "--batch-size", str(BATCH), "--lr", str(LR),
+            "--steps", str(learner_steps[index]), "--seed", str(index + 1 + seed * SEED_STRIDE),
+            "--batch-size", str(BATCH), "--lr", str(LR),
             "--algorithm", json.dumps(algorithm.to_manifest()), "--step-sleep", str(sleep), "--eval-windows", "8",
             "--model", json.dumps(asdict(config)),
             "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
@@ -228,7 +238,7 @@ def gradientmail_arm(
         steps_per_s={f"learner-{i + 1}": round(f["steps"] / max(f["elapsed_s"], 1e-9), 2) for i, f in enumerate(finals)},
         up_bytes_per_param=sum(f["bytes_published"] for f in finals) / per_learner_round,
         down_bytes_per_param=sum(f["bytes_fetched"] for f in finals) / per_learner_round,
-        curve=[(step, float(np.mean(losses))) for step, losses in sorted(by_step.items())],
+        curve=[(step, float(np.mean(losses))) for step, losses in sorted(by_step.items())], seed=seed,
     )  # fmt: skip
 
 
@@ -259,45 +269,80 @@ def dp_ratio(arm: Arm, sync_every: int) -> float:
     return DP_BYTES_PER_PARAM_STEP * sync_every / ours if ours else float("inf")
 
 
-def table(arms: list[Arm], sync: Arm) -> list[str]:
+def table(arms: list[Arm], syncs: dict[int, Arm]) -> list[str]:
+    """Every arm, each divided by synchronous DiLoCo of its own data seed."""
     lines = [
-        f"{'arm':<38} {'mix':<6} {'val loss':>8} {'÷ sync':>7} {'merged':>7} {'rounds':>6} {'per rnd':>7} {'spread s':>8} "
-        f"{'stale':>5} {'wall s':>7} {'MB moved':>9} {'B/p up':>6} {'B/p dn':>6} {'÷DP H':>6} {'÷DP@100':>7}",
+        f"{'arm':<38} {'mix':<6} {'seed':>4} {'val loss':>8} {'÷ sync':>7} {'merged':>7} {'rounds':>6} {'per rnd':>7} "
+        f"{'spread s':>8} {'stale':>5} {'wall s':>7} {'MB moved':>9} {'B/p up':>6} {'B/p dn':>6} {'÷DP H':>6} {'÷DP@100':>7}",
     ]
     for arm in arms:
         lines.append(
-            f"{arm.name:<38} {arm.mix:<6} {arm.val_loss:8.4f} {arm.val_loss / sync.val_loss:7.4f} {arm.merged_share:7.3f} "
-            f"{arm.rounds:6d} {arm.participants_per_round:7.2f} {arm.arrival_spread_s:8.2f} {arm.stale:5d} {arm.wall_s:7.0f} "
-            f"{arm.mailbox_bytes / 1e6:9.1f} {arm.up_bytes_per_param:6.3f} {arm.down_bytes_per_param:6.3f} "
-            f"{dp_ratio(arm, SYNC_EVERY):6.0f} {dp_ratio(arm, 100):7.0f}"
+            f"{arm.name:<38} {arm.mix:<6} {arm.seed:4d} {arm.val_loss:8.4f} {arm.val_loss / syncs[arm.seed].val_loss:7.4f} "
+            f"{arm.merged_share:7.3f} {arm.rounds:6d} {arm.participants_per_round:7.2f} {arm.arrival_spread_s:8.2f} "
+            f"{arm.stale:5d} {arm.wall_s:7.0f} {arm.mailbox_bytes / 1e6:9.1f} {arm.up_bytes_per_param:6.3f} "
+            f"{arm.down_bytes_per_param:6.3f} {dp_ratio(arm, SYNC_EVERY):6.0f} {dp_ratio(arm, 100):7.0f}"
         )
     return lines
 
 
-def targets(arms: list[Arm], sync: Arm) -> list[tuple[str, bool]]:
+def targets(arms: list[Arm], syncs: dict[int, Arm]) -> list[Verdict]:
+    """The targets per learner mix, each on the median over data seeds of its per-seed figure
+    (an arm against synchronous DiLoCo of the same seed, int4 against the defaults of the same
+    seed); one seed is information (``benchmarks/targets.py``)."""
     verdicts = []
-    for arm in arms:
-        ratio = arm.val_loss / sync.val_loss
-        if arm.name == "GradientMail defaults":
+    for mix in dict.fromkeys(arm.mix for arm in arms):
+
+        def runs(name: str, mix: str = mix) -> list[Arm]:
+            return [a for a in arms if a.name == name and a.mix == mix]
+
+        defaults = runs("GradientMail defaults")
+        if defaults:
+            ratios = [a.val_loss / syncs[a.seed].val_loss for a in defaults]
             verdicts.append(
-                (f"{arm.mix}: defaults loss {ratio:.4f} × sync DiLoCo ≤ {TARGET_DEFAULT_RATIO}", ratio <= TARGET_DEFAULT_RATIO)
+                verdict(
+                    f"{mix}: defaults loss ÷ sync DiLoCo ≤ {TARGET_DEFAULT_RATIO}", ratios, lambda r: r <= TARGET_DEFAULT_RATIO
+                )
             )
-            share = arm.merged_share
             verdicts.append(
-                (f"{arm.mix}: defaults merged {share:.3f} of learner steps ≥ {TARGET_MERGED_SHARE}", share >= TARGET_MERGED_SHARE)
+                verdict(
+                    f"{mix}: defaults merged share of learner steps ≥ {TARGET_MERGED_SHARE}",
+                    [a.merged_share for a in defaults],
+                    lambda share: share >= TARGET_MERGED_SHARE,
+                )
             )
-        if arm.name == "GradientMail quorum = learners":
-            text = f"{arm.mix}: quorum = learners {ratio:.4f} × sync DiLoCo within {TARGET_QUORUM_ALL_RATIO - 1:.1%} of 1"
-            verdicts.append((text, abs(ratio - 1) <= TARGET_QUORUM_ALL_RATIO - 1))
-        fp32 = next((a for a in arms if a.name == "GradientMail defaults" and a.mix == arm.mix), None)
-        if arm.name == "int4 deltas and commits" and fp32 is not None:
-            quantized = arm.val_loss / fp32.val_loss
-            text = f"{arm.mix}: int4 both ways {quantized:.4f} × fp32 deltas (defaults) ≤ {TARGET_INT4_RATIO}"
-            verdicts.append((text, quantized <= TARGET_INT4_RATIO))
-            fewer = dp_ratio(arm, 100)
-            text = f"{arm.mix}: int4 both ways: {fewer:.0f}× fewer bytes than data-parallel at H = 100"
-            text += f" ≥ {TARGET_DP_BYTES_RATIO:.0f}"
-            verdicts.append((text, fewer >= TARGET_DP_BYTES_RATIO))
+        everyone = runs("GradientMail quorum = learners")
+        if everyone:
+            verdicts.append(
+                verdict(
+                    f"{mix}: quorum = learners loss ÷ sync DiLoCo within {TARGET_QUORUM_ALL_RATIO - 1:.1%} of 1",
+                    [a.val_loss / syncs[a.seed].val_loss for a in everyone],
+                    lambda r: abs(r - 1) <= TARGET_QUORUM_ALL_RATIO - 1,
+                    setting="quorum_size = learners",
+                    judged_at="quorum_size = learners",
+                )
+            )
+        quantized = runs("int4 deltas and commits")
+        fp32 = {a.seed: a for a in defaults}
+        pairs = [(q, fp32[q.seed]) for q in quantized if q.seed in fp32]
+        if pairs:
+            verdicts.append(
+                verdict(
+                    f"{mix}: int4 both ways ÷ fp32 deltas (the defaults, same seed) ≤ {TARGET_INT4_RATIO}",
+                    [q.val_loss / d.val_loss for q, d in pairs],
+                    lambda r: r <= TARGET_INT4_RATIO,
+                    setting="int4 both ways",
+                    judged_at="int4 both ways",
+                )
+            )
+            verdicts.append(
+                verdict(
+                    f"{mix}: int4 both ways, × fewer bytes than data-parallel at H = 100 ≥ {TARGET_DP_BYTES_RATIO:.0f}",
+                    [dp_ratio(q, 100) for q, _ in pairs],
+                    lambda fewer: fewer >= TARGET_DP_BYTES_RATIO,
+                    setting="int4 both ways",
+                    judged_at="int4 both ways",
+                )
+            )
     return verdicts
 
 
@@ -326,7 +371,10 @@ def plot(arms: list[Arm], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.quality", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="60 steps, the equal-speed mix only: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="60 steps, the equal-speed mix only, one seed: a smoke run")
+    parser.add_argument(
+        "--seeds", type=int, default=None, help="data seeds of every arm and reference (default 3, --quick 1); the median decides"
+    )
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     parser.add_argument("--arms", nargs="*", help="run only the GradientMail arms whose names contain one of these")
     parser.add_argument(
@@ -356,36 +404,46 @@ def main(argv: list[str] | None = None) -> int:
     slow_sleep = step_time_s(config) * max(1.0, LEARNERS / cores)
     torch.set_num_threads(cores)
     print(f"machine: {cores} cores; {LEARNERS} learners × {steps} steps × batch {BATCH}, H = {SYNC_EVERY}; results in {out}")
-    sync = sync_diloco(config, steps)
-    print(f"  synchronous DiLoCo: {sync.val_loss:.4f} ({sync.wall_s:.0f} s)", flush=True)
-    references = [data_parallel(config, steps), sync]
-    print(f"  data-parallel: {references[0].val_loss:.4f} ({references[0].wall_s:.0f} s)", flush=True)
+    seeds = 1 if args.quick and args.seeds is None else (args.seeds or MIN_RUNS)
     mixes = {"equal": [0.0] * LEARNERS}
     if not args.quick:
         mixes["half"] = [0.0] * (LEARNERS - 1) + [slow_sleep]
+    syncs: dict[int, Arm] = {}
+    references: list[Arm] = []
     arms: list[Arm] = []
-    for mix, sleeps in mixes.items():
-        for name, knobs in ARMS.items():
-            if args.arms and not any(word in name for word in args.arms):
-                continue
-            arm = gradientmail_arm(name, knobs, mix, sleeps, steps, out / f"{mix}-{len(arms)}")
-            arms.append(arm)
-            print(f"  {name} ({mix}): {arm.val_loss:.4f}, merged {arm.merged_share:.3f} ({arm.wall_s:.0f} s)", flush=True)
+    for seed in range(seeds):  # every stream of the run moves with the seed, the references' too
+        syncs[seed] = sync_diloco(config, steps, seed=seed)
+        references += [data_parallel(config, steps, seed=seed), syncs[seed]]
+        print(
+            f"  seed {seed}: synchronous DiLoCo {syncs[seed].val_loss:.4f} ({syncs[seed].wall_s:.0f} s), "
+            f"data-parallel {references[-2].val_loss:.4f} ({references[-2].wall_s:.0f} s)",
+            flush=True,
+        )
+        for mix, sleeps in mixes.items():
+            for name, knobs in ARMS.items():
+                if args.arms and not any(word in name for word in args.arms):
+                    continue
+                arm = gradientmail_arm(name, knobs, mix, sleeps, steps, out / f"{mix}-{len(arms)}", seed=seed)
+                arms.append(arm)
+                print(
+                    f"  seed {seed}: {name} ({mix}): {arm.val_loss:.4f}, merged {arm.merged_share:.3f} ({arm.wall_s:.0f} s)",
+                    flush=True,
+                )
     everything = references + arms
     print()
-    for line in table(everything, sync):
+    for line in table(everything, syncs):
         print(line)
     print()
-    verdicts = targets(arms, sync)
-    for text, met in verdicts:
-        print(f"  [{'met' if met else 'NOT MET'}] {text}")
-    plot(everything, out / "loss.png")
+    verdicts = targets(arms, syncs)
+    for v in verdicts:
+        print(f"  {v.line()}")
+    plot([a for a in everything if a.seed == 0], out / "loss.png")
     result = {
         "machine": {"cores": cores, "torch": torch.__version__, "python": sys.version.split()[0]},
-        "config": {"learners": LEARNERS, "steps": steps, "batch": BATCH, "sync_every": SYNC_EVERY, "lr": LR,
+        "config": {"learners": LEARNERS, "steps": steps, "batch": BATCH, "sync_every": SYNC_EVERY, "lr": LR, "seeds": seeds,
                    "half_speed_sleep_s": slow_sleep, "eval_windows": EVAL_WINDOWS},
         "arms": [asdict(arm) for arm in everything],
-        "targets": [{"target": text, "met": met} for text, met in verdicts],
+        "targets": [v.as_json() for v in verdicts],
     }  # fmt: skip
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out / 'result.json'} and {out / 'loss.png'}")

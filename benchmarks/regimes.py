@@ -33,6 +33,7 @@ import torch
 
 from benchmarks import quality
 from benchmarks.seaweed import Seaweed
+from benchmarks.targets import DEFAULTS, conditions
 from demo.model_config import DEFAULT_CONFIG, GPTConfig
 
 SHORT_STEP_MODEL = GPTConfig(context=64, layers=2, width=64, heads=4)
@@ -217,11 +218,12 @@ def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]
         print(f"\n{json.dumps(setting) if setting else 'defaults'}")
         for line in table(results):
             print(line)
-        verdicts = [v for r in results for v in r.verdicts()]
+        named = json.dumps(setting) if setting else DEFAULTS
+        verdicts = conditions([v for r in results for v in r.verdicts()], runs=1, setting=named)  # one seed per regime
         print()
-        for text, met in verdicts:
-            print(f"  [{'met' if met else 'NOT MET'}] {text}")
-        all_verdicts.extend((setting, text, met) for text, met in verdicts)
+        for v in verdicts:
+            print(f"  {v.line()}")
+        all_verdicts.extend((setting, v) for v in verdicts)
         entries.extend(
             {"knobs": setting, "regime": asdict(regime), "arm": asdict(r.arm), "sync": asdict(r.sync), "alone": asdict(r.alone)}
             for regime, r in zip(regimes, results, strict=True)
@@ -231,7 +233,7 @@ def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "settings": settings,
         "regimes": entries,
-        "targets": [{"knobs": setting, "target": text, "met": met} for setting, text, met in all_verdicts],
+        "targets": [{"knobs": setting, **v.as_json()} for setting, v in all_verdicts],
     }
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     print(f"\nwrote {out / 'result.json'} and {out / 'loss.png'}")

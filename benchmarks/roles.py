@@ -38,6 +38,7 @@ from pathlib import Path
 
 import gradientmail as gm
 from benchmarks.quality import ROOT, Arm, gradientmail_arm
+from benchmarks.targets import check
 from gradientmail.polling import idle_interval
 from gradientmail.store import RunStore
 
@@ -171,19 +172,35 @@ def main(argv: list[str] | None = None) -> int:
             )
         dedicated = "learners + syncer"
         same = min(merged[dedicated]) >= min(merged["both"])
-        print(
-            f"target ({dedicated} merges every step both merges): {'met' if same else 'not met'} "
-            f"(rounds {rounds[dedicated]} vs {rounds['both']}: the last, flushing round may group differently)"
-        )
+        runs = len(losses["both"])
+        judged = [
+            check(
+                f"{dedicated} merges every step both merges (rounds {rounds[dedicated]} vs {rounds['both']}: "
+                "the last, flushing round may group differently)",
+                same,
+                runs=runs,
+            )
+        ]
         if dedicated in spreads and "both" in spreads:
             noise = max(spreads[dedicated], spreads["both"])
             difference = statistics.mean(losses[dedicated]) - reference
-            verdict = "met" if difference <= noise else "not met"
-            print(f"target ({dedicated} no worse than both beyond run-to-run noise {noise:.4f}; {difference:+.4f}): {verdict}")
+            judged.append(
+                check(
+                    f"{dedicated} no worse than both beyond run-to-run noise {noise:.4f} ({difference:+.4f})",
+                    difference <= noise,
+                    runs=runs,
+                )
+            )
+        for v in judged:
+            print(v.line())
         print("either + both: reported, not judged (an elected either node pauses, so its run is another run)")
         seconds, bound = takeover(Path(tmp), steps=max(args.steps, 400))
-        print(f"takeover after the dedicated syncer's SIGKILL: {seconds:.2f} s, bound TTL + idle + poll = {bound:.2f} s: "
-              f"{'met' if seconds <= bound else 'not met'}")  # fmt: skip
+        taken = check(
+            f"takeover after the dedicated syncer's SIGKILL: {seconds:.2f} s ≤ TTL + idle + poll = {bound:.2f} s",
+            seconds <= bound,
+            runs=1,
+        )
+        print(taken.line())
     return 0
 
 

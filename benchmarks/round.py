@@ -40,7 +40,6 @@ import itertools
 import json
 import logging
 import math
-import statistics
 import tempfile
 import threading
 import time
@@ -57,6 +56,7 @@ import gradientmail as gm
 from benchmarks import s3_requests
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.seaweed import S3Endpoint, Seaweed
+from benchmarks.targets import DEFAULTS, MIN_RUNS, verdict
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import S3Tuning
 from gradientmail.mailbox.base import HashingGet
@@ -67,8 +67,6 @@ from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry_hooks
 
 ROOT = Path(__file__).resolve().parent.parent
-MIN_REPEATS = 3
-"""Timed rounds per arm a verdict needs: the median decides, min–max is printed."""
 TARGET_R2 = 0.98
 """Round time against M × fragment bytes over the sweep: a straight line (issue 25)."""
 TARGET_RATIO = 1.3
@@ -578,11 +576,6 @@ def fmt_counts(counts: dict[str, float]) -> str:
     return ", ".join(f"{op} {n:g}" for op, n in counts.items()) or "none"
 
 
-def verdict(ok: bool | None) -> str:
-    """None: one measurement cannot tell (give two or more M, or learner counts)."""
-    return "[not measured]" if ok is None else "[met]" if ok else "[NOT MET]"
-
-
 def print_round(r: dict[str, Any]) -> None:
     print(
         f"\n== round: merge {r['merge']} ({r['arithmetic']}), M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment =="
@@ -603,7 +596,7 @@ def print_round(r: dict[str, Any]) -> None:
         )
         print(
             f"  whole / floor = {r['whole_s']:.3f} / {f['floor_s']:.3f} ({f['floor_kind']}) = {r['ratio']:.2f}× "
-            f"(target ≤ {TARGET_RATIO}×) {verdict(r['ratio'] <= TARGET_RATIO)}"
+            f"(target ≤ {TARGET_RATIO}×; judged on the median of the repeats)"
         )
     q = r["requests"]
     print(f"  requests, syncer's closing pass: {fmt_counts(q['syncer_round_pass'])}")
@@ -618,6 +611,20 @@ def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
     slope, intercept = np.polyfit(xs, ys, 1)
     r2 = 1.0 - float(np.sum((ys - (intercept + slope * xs)) ** 2)) / float(np.sum((ys - ys.mean()) ** 2))
     return {"intercept_s": float(intercept), "s_per_mb": float(slope), "r2": r2}
+
+
+def with_timed_round(
+    training: dict[str, Any], per_round_timed: dict[str, float], small: dict[str, float] | None
+) -> dict[str, Any]:
+    """A day of the training learners' requests with each of their rounds' requests (a 4 KB
+    fragment's, ``small``) replaced by the timed round's: the cost verdict's figure."""
+    day_requests = {op: n * DAY_S for op, n in training["total_per_s"].items()}
+    rounds_per_day = training["commits"] / training["seconds"] * DAY_S
+    replaced = {
+        op: (per_round_timed.get(op, 0.0) - (small or {}).get(op, 0.0)) * rounds_per_day
+        for op in set(per_round_timed) | set(small or {})
+    }
+    return s3_requests.daily_cost(s3_requests.add(day_requests, replaced))
 
 
 def rounds_only(args: argparse.Namespace) -> int:
@@ -651,15 +658,16 @@ def rounds_only(args: argparse.Namespace) -> int:
         finally:
             weed.stop()
     print("\n== targets ==")
-    for merge in merges:
-        for form in forms:
-            ratios = sorted(r["ratio"] for r in rounds if (r["merge"], r["arithmetic"]) == (merge, form))
-            median = statistics.median(ratios)
-            met = verdict(median <= TARGET_RATIO) if len(ratios) >= MIN_REPEATS else "(information: fewer than 3 runs)"
-            print(
-                f"  whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge} ({form}): median {median:.2f}× "
-                f"(min–max {ratios[0]:.2f}–{ratios[-1]:.2f}, {len(ratios)} runs) {met}"
-            )
+    verdicts = [
+        verdict(
+            f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge} ({form})",
+            [r["ratio"] for r in rounds if (r["merge"], r["arithmetic"]) == (merge, form)],
+            lambda ratio: ratio <= TARGET_RATIO,
+            setting=DEFAULTS if form == "streamed" else f"merge_arithmetic={form}",
+        )
+        for merge in merges
+        for form in forms
+    ]
     fit = None
     if len(swept) >= 3:
         x = [r["m"] * r["mb"] for r in swept]
@@ -668,15 +676,19 @@ def rounds_only(args: argparse.Namespace) -> int:
             "floor": linear_fit(x, [r["floor"]["floor_s"] for r in swept]),
         }
         line, floor_line = fit["round"], fit["floor"]
-        print(
-            f"  round time linear in M × MB (R² ≥ {TARGET_R2}): "
-            f"{line['intercept_s']:.3f} s + {line['s_per_mb'] * 1000:.3f} ms/MB, "
-            f"R² = {line['r2']:.4f} {verdict(line['r2'] >= TARGET_R2)} (the boto3 floor over the same sweep: "
-            f"{floor_line['s_per_mb'] * 1000:.3f} ms/MB, R² = {floor_line['r2']:.4f})"
+        detail = (
+            f"{line['intercept_s']:.3f} s + {line['s_per_mb'] * 1000:.3f} ms/MB; the boto3 floor over the same sweep "
+            f"{floor_line['s_per_mb'] * 1000:.3f} ms/MB, R² = {floor_line['r2']:.4f}"
         )
+        verdicts.append(
+            verdict(f"round time linear in M × MB, R² ≥ {TARGET_R2}", line["r2"], lambda r2: r2 >= TARGET_R2, detail=detail)
+        )
+    for v in verdicts:
+        print(f"  {v.line('{:.4g}')}")
     out.parent.mkdir(parents=True, exist_ok=True)
     given = {k: str(v) for k, v in vars(args).items()}
-    out.write_text(json.dumps({"args": given, "rounds": rounds, "sweep": swept, "fit": fit}, indent=2))
+    result = {"args": given, "rounds": rounds, "sweep": swept, "fit": fit, "targets": [v.as_json() for v in verdicts]}
+    out.write_text(json.dumps(result, indent=2))
     print(f"\nresults: {out}")
     return 0
 
@@ -725,8 +737,15 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="with --rounds-only: rounds of M×MB, e.g. 2x64,4x64,8x64,16x64,8x16,8x256; round time fitted to the bytes (R²)",
     )
-    parser.add_argument("--repeat", type=int, default=MIN_REPEATS, help="with --rounds-only: timed rounds per arm")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs of every judged figure (rounds per arm, idle and training; default 3, --quick 1); the median decides",
+    )
     args = parser.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else MIN_RUNS
     if args.rounds_only:
         return rounds_only(args)
     if args.quick:
@@ -746,16 +765,24 @@ def main(argv: list[str] | None = None) -> int:
                 f"S3 mailbox tuning (defaults): multipart above {tuning.multipart_threshold_bytes >> 20} MiB, "
                 f"parts of {tuning.part_size_bytes >> 20} MiB, {tuning.max_concurrency} in flight"
             )
-            rounds = []
+            rounds: list[dict[str, Any]] = []
             counts = []
+            idle_runs: list[list[dict[str, Any]]] = []
+            training_runs: list[dict[str, Any]] = []
+            for repeat in range(args.repeat):  # every judged figure, --repeat times (median decides)
+                if not args.idle_only:
+                    for merge in merges:
+                        r = one_round(weed, merge, args.m, args.mb, floor=True)
+                        r["repeat"] = repeat
+                        print_round(r)
+                        rounds.append(r)
+                idle_runs.append([idle_learners(weed, k, args.idle_s, args.settle_s) for k in idle_ks])
+                training_runs.append(
+                    training_learners(weed, args.train_learners, args.train_period_s, args.train_s, args.train_settle_s)
+                )
             if not args.idle_only:
-                for merge in merges:
-                    r = one_round(weed, merge, args.m, args.mb, floor=True)
-                    print_round(r)
-                    rounds.append(r)
                 counts = [one_round(weed, merges[0], m, args.count_mb, floor=False) for m in count_ms]
-            idle = [idle_learners(weed, k, args.idle_s, args.settle_s) for k in idle_ks]
-            training = training_learners(weed, args.train_learners, args.train_period_s, args.train_s, args.train_settle_s)
+            idle, training = idle_runs[-1], training_runs[-1]  # the detailed report shows the last repeat
         finally:
             weed.stop()
 
@@ -799,8 +826,6 @@ def main(argv: list[str] | None = None) -> int:
         if others:
             mean = s3_requests.add(*(n["per_s"] for n in others), scale=1 / len(others))
             print(f"    each other node:     {fmt_counts({op: round(n, 2) for op, n in mean.items()})}")
-    rates = [(run["learners"], sum(run["per_learner_per_s"].values())) for run in idle]
-    worst_k, worst_idle = max(rates, key=lambda rate: rate[1])
 
     train_per_s = training["total_per_s"]
     train_total = sum(train_per_s.values())
@@ -835,15 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     # The training learners' fragment is small: their rounds cost what a 1 MB round does. A day of
     # the timed round's fragment replaces each of their rounds' requests with the timed round's.
     small = next((r["requests"]["per_round"] for r in counts if r["m"] == training["learners"]), None)
-    rounds_per_day = training["commits"] / training["seconds"] * DAY_S
-    big_round_day = s3_requests.add(
-        train_day_requests,
-        {
-            op: (per_round_timed.get(op, 0.0) - (small or {}).get(op, 0.0)) * rounds_per_day
-            for op in set(per_round_timed) | set(small or {})
-        },
-    )
-    train_big_day = s3_requests.daily_cost(big_round_day)
+    train_big_day = with_timed_round(training, per_round_timed, small)
     for name, c in (
         ("measured", train_day),
         ("+ timed round", train_big_day),
@@ -867,20 +884,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  (idle polling at {COST_LEARNERS} learners extrapolated from the measured counts, per learner never falling)")
 
     round_requests = sum(per_round_timed.values())
-    idle_met = worst_idle <= TARGET_IDLE_PER_S
-    cost_met = train_big_day["total_usd"] <= TARGET_USD_PER_DAY if at_target else None
+    worst_idles = [max(sum(run["per_learner_per_s"].values()) for run in runs) for runs in idle_runs]
+    days = [with_timed_round(t, per_round_timed, small)["total_usd"] for t in training_runs]
+    cost_setting = DEFAULTS if at_target else f"{training['learners']} learners at a {args.train_period_s:g} s period"
+    verdicts = [
+        verdict(
+            f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge}",
+            [r["ratio"] for r in rounds if r["merge"] == merge],
+            lambda ratio: ratio <= TARGET_RATIO,
+        )
+        for merge in merges
+        if rounds
+    ]
+    verdicts.append(
+        verdict(
+            f"idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second, the worst of {', '.join(map(str, idle_ks))} learners",
+            worst_idles,
+            lambda rate: rate <= TARGET_IDLE_PER_S,
+        )
+    )
+    verdicts.append(
+        verdict(
+            f"{COST_LEARNERS} learners committing once a minute ≤ ${TARGET_USD_PER_DAY:g}/day at list prices "
+            "(the timed round's fragment)",
+            days,
+            lambda usd: usd <= TARGET_USD_PER_DAY,
+            setting=cost_setting,
+        )
+    )
     print("\n== targets ==")
-    for r in rounds:
-        if "ratio" in r:
-            met = verdict(r["ratio"] <= TARGET_RATIO)
-            print(f"  whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {r['merge']}: {r['ratio']:.2f}× {met}")
+    for v in verdicts:
+        print(f"  {v.line('{:.2f}')}")
     print(
-        f"  idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second at the defaults, worst of "
-        f"{', '.join(f'{k}: {r:.2f}/s' for k, r in rates)}: {worst_idle:.2f}/s at {worst_k} {verdict(idle_met)}\n"
-        f"  {COST_LEARNERS} learners committing once a minute ≤ ${TARGET_USD_PER_DAY:g}/day at list prices, measured with "
-        f"the timed round's fragment: ${train_big_day['total_usd']:.2f}/day {verdict(cost_met)}\n"
         f"  (information) requests per committed round grow with the contributions merged "
-        f"({', '.join(f'M={m}: {n:.0f}' for m, n in series)}): {verdict(grows)}; the timed round's own: {round_requests:.0f}"
+        f"({', '.join(f'M={m}: {n:.0f}' for m, n in series)}): {'yes' if grows else 'no' if grows is False else 'one M'}; "
+        f"the timed round's own: {round_requests:.0f}"
     )
 
     result = {
@@ -903,15 +941,10 @@ def main(argv: list[str] | None = None) -> int:
             "idle_polling": cost_idle,
             "total": cost_all,
         },
-        "targets": {
-            "ratio": {r["merge"]: r.get("ratio") for r in rounds},
-            "ratio_met": all(r.get("ratio", 0) <= TARGET_RATIO for r in rounds),
-            "requests_grow_with_m": grows,
-            "idle_per_learner_worst": worst_idle,
-            "idle_met": idle_met,
-            "usd_per_day_measured": train_big_day["total_usd"],
-            "cost_met": cost_met,
-        },
+        "idle_runs": idle_runs,
+        "training_runs": training_runs,
+        "requests_grow_with_m": grows,
+        "targets": [v.as_json() for v in verdicts],
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2, default=float))

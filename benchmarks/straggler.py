@@ -38,6 +38,7 @@ import torch
 import gradientmail as gm
 from benchmarks import quality
 from benchmarks.regimes import SHORT_STEP_MODEL, Regime, sleeps_for
+from benchmarks.targets import check
 from demo import model as torch_gpt
 from demo.model_config import DEFAULT_CONFIG, GPTConfig
 from gradientmail.store import RunStore
@@ -162,7 +163,8 @@ def main(runs_dir: Path, quick: bool = False) -> int:
     met = ratio is not None and ratio <= TARGET_TIME_RATIO
     shown = "never" if ratio is None else f"{ratio:.3f}"
     verdict = f"time to lock-step DiLoCo's final loss {shown} × its wall time ≤ {TARGET_TIME_RATIO}"
-    print(f"  [{'met' if met else 'NOT MET'}] {verdict}")
+    judged = check(verdict, met, runs=1)  # one seed
+    print(f"  {judged.line()}")
     plot([lock, ours], lock.final_loss, out / "loss.png")
     result = {
         "machine": {"cores": cores, "torch": torch.__version__},
@@ -171,7 +173,7 @@ def main(runs_dir: Path, quick: bool = False) -> int:
         "time_to_target_s": reached,
         "ratio": ratio,
         "sync_diloco": {"val_loss": sync.val_loss, "defaults_reach_it_s": sync_reached},
-        "targets": [{"target": verdict, "met": met}],
+        "targets": [judged.as_json()],
     }
     (out / "result.json").write_text(json.dumps(result, indent=1))
     print(f"\nwrote {out / 'result.json'} and {out / 'loss.png'}")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
+import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,20 +29,72 @@ def best_of(repeat: int, action: Callable[[], Any]) -> float:
     return min(times)
 
 
-def best_against_copy(actions: Sequence[Callable[[], Any]], source: np.ndarray, repeat: int) -> list[tuple[float, float]]:
-    """(best seconds of the action, best seconds of an ``np.copyto`` of ``source`` into a reused
-    buffer) for each action: a copy is timed right before every run of an action, so a busy
-    machine weighs on both sides alike. Each action runs once first (thread pools, pages)."""
+def copy_threads() -> int:
+    """One copying thread per core this process may use."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threaded_copy(target: np.ndarray, source: np.ndarray, pool: ThreadPoolExecutor, threads: int) -> None:
+    """``np.copyto`` split into ``threads`` contiguous runs, one per thread (NumPy releases the
+    GIL while it copies): the machine's copy rate when every core copies."""
+    flat_target, flat_source = target.reshape(-1), source.reshape(-1)
+    bounds = [flat_source.size * i // threads for i in range(threads + 1)]
+    futures = [
+        pool.submit(np.copyto, flat_target[bounds[i] : bounds[i + 1]], flat_source[bounds[i] : bounds[i + 1]])
+        for i in range(threads)
+    ]
+    for future in futures:
+        future.result()
+
+
+@dataclass
+class AgainstCopy:
+    """Every timed run of one action, each with the copies of ``source`` timed right before it:
+    one thread (``np.copyto``) and one thread per core. The reference of a run is the faster of
+    the two, so an action that uses every core is not compared with a copy that uses one."""
+
+    seconds: list[float] = field(default_factory=list)
+    single_copy: list[float] = field(default_factory=list)
+    threaded_copy: list[float] = field(default_factory=list)
+
+    def ratios(self, action_bytes: float, copy_bytes: float, reference: str = "best") -> list[float]:
+        """Action bytes per second over copy bytes per second, one per run; ``reference``:
+        ``best`` (the faster copy of that run), ``single`` or ``threaded``."""
+        copies = {
+            "single": self.single_copy,
+            "threaded": self.threaded_copy,
+            "best": [min(a, b) for a, b in zip(self.single_copy, self.threaded_copy, strict=True)],
+        }[reference]
+        return [(action_bytes / s) / (copy_bytes / c) for s, c in zip(self.seconds, copies, strict=True)]
+
+    def median_seconds(self) -> float:
+        return statistics.median(self.seconds)
+
+    def copy_rate(self, copy_bytes: float, reference: str = "best") -> float:
+        """Copy bytes per second, the median over this action's runs."""
+        copies = {"single": self.single_copy, "threaded": self.threaded_copy}.get(reference)
+        if copies is None:
+            copies = [min(a, b) for a, b in zip(self.single_copy, self.threaded_copy, strict=True)]
+        return copy_bytes / statistics.median(copies)
+
+
+def against_copy(actions: Sequence[Callable[[], Any]], source: np.ndarray, repeat: int) -> list[AgainstCopy]:
+    """Time every action ``repeat`` times, interleaved, each run right after a single-thread and
+    a threaded copy of ``source`` into a reused buffer (a busy spell weighs on both sides alike).
+    Each action runs once first (thread pools, pages); verdicts take the median of the runs."""
     target = np.empty_like(source)
-    best = [math.inf] * len(actions)
-    copies = [math.inf] * len(actions)
-    for action in actions:
-        action()
-    for _ in range(repeat):
-        for index, action in enumerate(actions):
-            copies[index] = min(copies[index], best_of(1, lambda: np.copyto(target, source)))
-            best[index] = min(best[index], best_of(1, action))
-    return list(zip(best, copies, strict=True))
+    threads = copy_threads()
+    timed = [AgainstCopy() for _ in actions]
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="copy") as pool:
+        threaded_copy(target, source, pool, threads)
+        for action in actions:
+            action()
+        for _ in range(repeat):
+            for index, action in enumerate(actions):
+                timed[index].single_copy.append(best_of(1, lambda: np.copyto(target, source)))
+                timed[index].threaded_copy.append(best_of(1, lambda: threaded_copy(target, source, pool, threads)))
+                timed[index].seconds.append(best_of(1, action))
+    return timed
 
 
 def save_result(benchmark: str, path: Path | None, kernel_threads: int, fields: dict[str, Any]) -> Path:

@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.targets import check
+
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("single", "groups", "fsdp")
 HELD_OUT = re.compile(r"committed model, held-out loss ([0-9.]+)")
@@ -104,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kind} {mean:.4f} / single {single:.4f} = {mean / single:.4f}x; difference {mean - single:+.4f}")
         if kind in spreads and "single" in spreads:  # run-to-run noise: the larger of the two arms' spreads
             noise = max(spreads[kind], spreads["single"])
-            verdict = "met" if abs(mean - single) <= noise else "not met"
-            print(f"  target (the difference within run-to-run noise, {noise:.4f}): {verdict}")
+            text = f"{kind}: the difference within run-to-run noise, {noise:.4f}"
+            judged = check(text, abs(mean - single) <= noise, runs=args.repeats)
         else:
-            print("  target (within run-to-run noise): n/a (one repeat)")
+            judged = check(f"{kind}: the difference within run-to-run noise", None, detail="one repeat")
+        print(f"  {judged.line()}")
     return 0
 
 

@@ -21,7 +21,7 @@ def test_quick_quality_benchmark_prints_every_arm_and_the_targets(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for arm in ("data-parallel", "synchronous DiLoCo", "GradientMail defaults", "GradientMail quorum = learners"):
         assert arm in result.stdout
-    assert "× sync DiLoCo" in result.stdout and ("[met]" in result.stdout or "[NOT MET]" in result.stdout)
+    assert "defaults loss ÷ sync DiLoCo" in result.stdout and "[information: 1 run, a verdict needs 3]" in result.stdout
     (run,) = tmp_path.iterdir()
     saved = json.loads((run / "result.json").read_text())
     arms = {arm["name"]: arm for arm in saved["arms"]}
@@ -65,7 +65,9 @@ def test_quick_straggler_run_times_both_arms_to_lock_step_loss(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "lock-step DiLoCo" in result.stdout and ("[met]" in result.stdout or "[NOT MET]" in result.stdout)
+    assert "lock-step DiLoCo" in result.stdout and (
+        "[information: 1 run, a pass needs 3]" in result.stdout or "[NOT MET]" in result.stdout
+    )
     (run,) = tmp_path.iterdir()
     saved = json.loads((run / "result.json").read_text())
     lock, ours = saved["arms"]

@@ -21,7 +21,8 @@ def test_quantize_benchmark_reports_every_format_and_target(tmp_path: Path) -> N
     assert {(t["format"], t["operation"]) for t in saved["targets"]} == {
         (form, op) for form in ("int8", "fp8_e4m3", "int4", "int2") for op in ("quantize", "dequantize")
     }
-    assert all(t["ratio"] > 0 for t in saved["targets"])
+    assert all(t["median"] > 0 and t["met"] is None for t in saved["targets"])  # one run: information only
+    assert all(r["threaded_copy_bytes_per_s"] > 0 and r["single_copy_bytes_per_s"] > 0 for r in saved["results"])
     assert saved["quality"]["int4"]["bytes_per_element"] == 0.5 + 4 / 128
     assert saved["quality"]["int8"]["relative_error"] < saved["quality"]["int4"]["relative_error"] < 0.2
-    assert "targets met" in result.stdout
+    assert "targets met" in result.stdout and "[information: 1 run, a verdict needs 3]" in result.stdout
