@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 import gradientmail as gm
-from benchmarks.targets import verdict
+from benchmarks.targets import at_least, verdict
 from benchmarks.timing import best_of
 from gradientmail.backends import Backend, get_backend
 from gradientmail.errors import BackendUnavailable
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         judged = verdict(
             f"{backend.name} fast Iso-C ≥ {TARGET_RATIO:g}× faster than exact ({args.rows}×{args.cols})",
             [e / f for e, f in pairs],
-            lambda ratio: ratio >= TARGET_RATIO,
+            at_least(TARGET_RATIO),
         )
         exact_s, fast_s = statistics.median(e for e, _ in pairs), statistics.median(f for _, f in pairs)
         timings.append({"backend": backend.name, "exact_s": exact_s, "fast_s": fast_s, **judged.as_json()})

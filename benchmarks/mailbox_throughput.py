@@ -47,7 +47,7 @@ from typing import Any
 import gradientmail as gm
 from benchmarks.delay_proxy import DelayLink
 from benchmarks.seaweed import Seaweed
-from benchmarks.targets import Verdict, information, verdict
+from benchmarks.targets import Verdict, at_least, information, verdict
 
 LOOPBACK_TARGET = 0.9
 """Mailbox put/get at least this share of the best plain boto3 client on loopback."""
@@ -198,7 +198,7 @@ def targets(loopback: dict[str, Any], link: dict[str, Any] | None) -> list[Verdi
             verdict(
                 f"{name} ≥ {goal:g}x",
                 ratios,
-                lambda ratio, bound=goal: ratio >= bound,
+                at_least(goal),
                 detail=f"best of rounds {best:.2f}x",
                 best_of_rounds=best,
                 goal=goal,

@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.targets import judged, verdict
+from benchmarks.targets import at_least, judged, verdict
 from benchmarks.timing import against_copy, copy_threads, save_result
 from gradientmail.algorithms.merge import NORM_FLOOR, normalized, rda, rda_unscaled, weighted_mean
 from gradientmail.backends import Backend, Tensor, get_backend, kernels
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict(
                     f"{r['backend']} {r['operation']} ≥ {threshold:g}× the copy rate (the faster of 1 thread and 1 per core)",
                     r["ratios_to_copy"],
-                    lambda ratio, bound=threshold: ratio >= bound,
+                    at_least(threshold),
                     detail=f"{r['ratio_to_single_copy']:.2f}× one thread's copy",
                 )
             )

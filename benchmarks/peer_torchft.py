@@ -66,7 +66,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from benchmarks.targets import DEFAULTS, Verdict, check, verdict
+from benchmarks.targets import DEFAULTS, Verdict, at_most, check, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCHFT_VENV = ROOT / "runs" / ".venv-torchft"
@@ -443,12 +443,12 @@ def verdicts(results: dict[str, ArmResult], setting: str) -> list[Verdict]:
     if s3 is None or tf is None:
         return [check(name, None, detail="the gm-s3 or the torchft arm did not run") for name in names]
     losses = [g / t for g, t in zip(s3.eval_losses, tf.eval_losses, strict=False)]
-    quality = verdict(names[0], losses, lambda ratio: ratio <= LOSS_TOLERANCE, setting=setting)
+    quality = verdict(names[0], losses, at_most(LOSS_TOLERANCE), setting=setting)
     speeds = [g / t for g, t in zip(s3.throughput_ratios, tf.throughput_ratios, strict=False)]
     speed = verdict(
         names[1],
         speeds,
-        lambda ratio: ratio >= 1.0 and quality.met is True,
+        lambda ratio: ratio >= 1.0 and quality.met is True,  # throughput counts only at equal quality
         setting=setting,
         detail=f"{s3.throughput_ratio:.2f}× bare against torchft's {tf.throughput_ratio:.2f}×"
         + ("" if quality.met is not False else "; at unequal quality, so not met"),
@@ -456,7 +456,7 @@ def verdicts(results: dict[str, ArmResult], setting: str) -> list[Verdict]:
     cpu = verdict(
         names[2],
         [g - t for g, t in zip(s3.exchange_cpu_ms_per_sync_runs, tf.exchange_cpu_ms_per_sync_runs, strict=False)],
-        lambda extra: extra <= 0.0,
+        at_most(0.0),
         setting=setting,
         detail=f"{s3.exchange_cpu_ms_per_sync or 0:.0f} ms against {tf.exchange_cpu_ms_per_sync or 0:.0f} ms",
     )

@@ -36,7 +36,7 @@ import torch
 
 import gradientmail as gm
 from benchmarks.seaweed import S3Endpoint
-from benchmarks.targets import MIN_RUNS, Verdict, verdict
+from benchmarks.targets import MIN_RUNS, Verdict, at_least, at_most, verdict
 from demo import model as torch_gpt
 from demo import settings
 from demo.data import BatchSampler, load_corpus, validation_windows
@@ -299,15 +299,13 @@ def targets(arms: list[Arm], syncs: dict[int, Arm]) -> list[Verdict]:
         if defaults:
             ratios = [a.val_loss / syncs[a.seed].val_loss for a in defaults]
             verdicts.append(
-                verdict(
-                    f"{mix}: defaults loss ÷ sync DiLoCo ≤ {TARGET_DEFAULT_RATIO}", ratios, lambda r: r <= TARGET_DEFAULT_RATIO
-                )
+                verdict(f"{mix}: defaults loss ÷ sync DiLoCo ≤ {TARGET_DEFAULT_RATIO}", ratios, at_most(TARGET_DEFAULT_RATIO))
             )
             verdicts.append(
                 verdict(
                     f"{mix}: defaults merged share of learner steps ≥ {TARGET_MERGED_SHARE}",
                     [a.merged_share for a in defaults],
-                    lambda share: share >= TARGET_MERGED_SHARE,
+                    at_least(TARGET_MERGED_SHARE),
                 )
             )
         everyone = runs("GradientMail quorum = learners")
@@ -329,7 +327,7 @@ def targets(arms: list[Arm], syncs: dict[int, Arm]) -> list[Verdict]:
                 verdict(
                     f"{mix}: int4 both ways ÷ fp32 deltas (the defaults, same seed) ≤ {TARGET_INT4_RATIO}",
                     [q.val_loss / d.val_loss for q, d in pairs],
-                    lambda r: r <= TARGET_INT4_RATIO,
+                    at_most(TARGET_INT4_RATIO),
                     setting="int4 both ways",
                     judged_at="int4 both ways",
                 )
@@ -338,7 +336,7 @@ def targets(arms: list[Arm], syncs: dict[int, Arm]) -> list[Verdict]:
                 verdict(
                     f"{mix}: int4 both ways, × fewer bytes than data-parallel at H = 100 ≥ {TARGET_DP_BYTES_RATIO:.0f}",
                     [dp_ratio(q, 100) for q, _ in pairs],
-                    lambda fewer: fewer >= TARGET_DP_BYTES_RATIO,
+                    at_least(TARGET_DP_BYTES_RATIO),
                     setting="int4 both ways",
                     judged_at="int4 both ways",
                 )

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.targets import judged, verdict
+from benchmarks.targets import at_least, judged, verdict
 from benchmarks.timing import against_copy, best_of, copy_threads, save_result
 from gradientmail.backends import kernels
 from gradientmail.backends.quantize import DEFAULT_BLOCK, FORMATS, Codec, dequantize, quantize
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict(
                 f"{r['format']} {r['operation']} ≥ {TARGET:g}× the copy rate (the faster of 1 thread and 1 per core)",
                 r["ratios_to_copy"],
-                lambda ratio: ratio >= TARGET,
+                at_least(TARGET),
                 detail=f"{r['ratio_to_single_copy']:.2f}× one thread's copy",
                 format=r["format"],
                 operation=r["operation"],

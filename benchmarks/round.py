@@ -56,7 +56,7 @@ import gradientmail as gm
 from benchmarks import s3_requests
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.seaweed import S3Endpoint, Seaweed
-from benchmarks.targets import DEFAULTS, MIN_RUNS, verdict
+from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, verdict
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import S3Tuning
 from gradientmail.mailbox.base import HashingGet
@@ -662,7 +662,7 @@ def rounds_only(args: argparse.Namespace) -> int:
         verdict(
             f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge} ({form})",
             [r["ratio"] for r in rounds if (r["merge"], r["arithmetic"]) == (merge, form)],
-            lambda ratio: ratio <= TARGET_RATIO,
+            at_most(TARGET_RATIO),
             setting=DEFAULTS if form == "streamed" else f"merge_arithmetic={form}",
         )
         for merge in merges
@@ -680,9 +680,7 @@ def rounds_only(args: argparse.Namespace) -> int:
             f"{line['intercept_s']:.3f} s + {line['s_per_mb'] * 1000:.3f} ms/MB; the boto3 floor over the same sweep "
             f"{floor_line['s_per_mb'] * 1000:.3f} ms/MB, R² = {floor_line['r2']:.4f}"
         )
-        verdicts.append(
-            verdict(f"round time linear in M × MB, R² ≥ {TARGET_R2}", line["r2"], lambda r2: r2 >= TARGET_R2, detail=detail)
-        )
+        verdicts.append(verdict(f"round time linear in M × MB, R² ≥ {TARGET_R2}", line["r2"], at_least(TARGET_R2), detail=detail))
     for v in verdicts:
         print(f"  {v.line('{:.4g}')}")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -891,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict(
             f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {merge}",
             [r["ratio"] for r in rounds if r["merge"] == merge],
-            lambda ratio: ratio <= TARGET_RATIO,
+            at_most(TARGET_RATIO),
         )
         for merge in merges
         if rounds
@@ -900,7 +898,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict(
             f"idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second, the worst of {', '.join(map(str, idle_ks))} learners",
             worst_idles,
-            lambda rate: rate <= TARGET_IDLE_PER_S,
+            at_most(TARGET_IDLE_PER_S),
         )
     )
     verdicts.append(
@@ -908,7 +906,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{COST_LEARNERS} learners committing once a minute ≤ ${TARGET_USD_PER_DAY:g}/day at list prices "
             "(the timed round's fragment)",
             days,
-            lambda usd: usd <= TARGET_USD_PER_DAY,
+            at_most(TARGET_USD_PER_DAY),
             setting=cost_setting,
         )
     )

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 import gradientmail as gm
-from benchmarks.targets import MIN_RUNS, information, verdict
+from benchmarks.targets import MIN_RUNS, at_least, at_most, information, verdict
 
 IDLE_STEPS = 200_000
 FRAGMENTS = 4
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict(
             f"idle step() ≤ {IDLE_TARGET_US:g} µs over an empty loop",
             [r["overhead_us"] for r in idle_runs],
-            lambda us: us <= IDLE_TARGET_US,
+            at_most(IDLE_TARGET_US),
         )
     ]
     for sync_every, target in TARGETS.items():
@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
                 verdict(
                     f"H={sync_every} wall time ≥ {target:g}× the bare loop",
                     figures["ratios_paired"],
-                    lambda ratio, bound=target: ratio >= bound,
+                    at_least(target),
                     detail=f"best pair {figures['ratio']:.4f}",
                 )
             )

@@ -7,7 +7,7 @@ with the runs and the setting it came from, never as met. Every benchmark prints
 through :func:`verdict`, and ``tests/test_benchmark_targets.py`` fails when one prints "met" on
 its own.
 
-    v = verdict("whole round ≤ 1.3× the boto3 floor", ratios, ok=lambda m: m <= 1.3)
+    v = verdict("whole round ≤ 1.3× the boto3 floor", ratios, at_most(1.3))
     print(v.line())          # "[met] ... median 1.21× (1.10–1.35, 3 runs)" or "[information: ...]"
     result["targets"].append(v.as_json())
 """
@@ -74,6 +74,16 @@ class Verdict:
             "why": self.why,
             **self.extra,
         }
+
+
+def at_least(bound: float) -> Callable[[float], bool]:
+    """``ok`` for a target that a figure meets by reaching ``bound``."""
+    return lambda figure: figure >= bound
+
+
+def at_most(bound: float) -> Callable[[float], bool]:
+    """``ok`` for a target that a figure meets by staying within ``bound``."""
+    return lambda figure: figure <= bound
 
 
 def verdict(
