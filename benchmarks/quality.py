@@ -108,14 +108,15 @@ def validation(config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
     return validation_windows(load_corpus().validation, EVAL_WINDOWS, config.context)
 
 
-def single_learner(config: GPTConfig, steps: int) -> Arm:
+def single_learner(config: GPTConfig, steps: int, *, seed: int = 0) -> Arm:
     """One learner alone, batch BATCH, no exchange: what a learner gets without the others (the
     floor every asynchronous arm must beat)."""
     started = time.monotonic()
     trainer = build_trainer("torch", config, LR)
-    sampler = BatchSampler(load_corpus().train, BATCH, config.context, seed=1)
+    sampler = BatchSampler(load_corpus().train, BATCH, config.context, seed=1 + seed * SEED_STRIDE)
     losses = [trainer.step(sampler.next()) for _ in range(steps)]
-    return Arm("one learner alone", "any", trainer.evaluate(validation(config)), time.monotonic() - started, curve=_curve(losses))
+    wall = time.monotonic() - started
+    return Arm("one learner alone", "any", trainer.evaluate(validation(config)), wall, curve=_curve(losses), seed=seed)
 
 
 def data_parallel(config: GPTConfig, steps: int, *, seed: int = 0) -> Arm:
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.regimes:
         from benchmarks import regimes
 
-        return regimes.main(args.only, json.loads(args.knobs), Path(args.runs_dir), quick=args.quick)
+        return regimes.main(args.only, json.loads(args.knobs), Path(args.runs_dir), quick=args.quick, seeds=args.seeds)
     steps = 60 if args.quick else STEPS
     out = Path(args.runs_dir) / f"quality-{datetime.now():%Y%m%d-%H%M%S}"
     out.mkdir(parents=True)

@@ -33,7 +33,7 @@ import torch
 
 from benchmarks import quality
 from benchmarks.seaweed import Seaweed
-from benchmarks.targets import DEFAULTS, conditions
+from benchmarks.targets import DEFAULTS, MIN_RUNS, Verdict, at_least, at_most, verdict
 from demo.model_config import DEFAULT_CONFIG, GPTConfig
 
 SHORT_STEP_MODEL = GPTConfig(context=64, layers=2, width=64, heads=4)
@@ -77,23 +77,37 @@ class RegimeResult:
     arm: quality.Arm
     sync: quality.Arm
     alone: quality.Arm
+    seed: int = 0
 
     @property
     def ratio(self) -> float:
         return self.arm.val_loss / self.sync.val_loss
 
-    def verdicts(self) -> list[tuple[str, bool]]:
-        return [
-            (f"{self.regime}: loss {self.ratio:.4f} × sync DiLoCo ≤ {TARGET_RATIO}", self.ratio <= TARGET_RATIO),
-            (
-                f"{self.regime}: merged {self.arm.merged_share:.3f} of learner steps ≥ {TARGET_MERGED_SHARE}",
-                self.arm.merged_share >= TARGET_MERGED_SHARE,
+
+def regime_verdicts(results: Sequence[RegimeResult], setting: str) -> list[Verdict]:
+    """Each regime's three targets on the median over its data seeds of the per-seed figure
+    (the arm against the references of its own seed)."""
+    verdicts = []
+    for name in dict.fromkeys(r.regime for r in results):
+        runs = [r for r in results if r.regime == name]
+        verdicts += [
+            verdict(
+                f"{name}: loss ÷ sync DiLoCo ≤ {TARGET_RATIO}", [r.ratio for r in runs], at_most(TARGET_RATIO), setting=setting
             ),
-            (
-                f"{self.regime}: loss {self.arm.val_loss:.4f} ≤ one learner alone {self.alone.val_loss:.4f}",
-                self.arm.val_loss <= self.alone.val_loss,
+            verdict(
+                f"{name}: merged share of learner steps ≥ {TARGET_MERGED_SHARE}",
+                [r.arm.merged_share for r in runs],
+                at_least(TARGET_MERGED_SHARE),
+                setting=setting,
+            ),
+            verdict(
+                f"{name}: loss ÷ one learner alone ≤ 1",
+                [r.arm.val_loss / r.alone.val_loss for r in runs],
+                at_most(1.0),
+                setting=setting,
             ),
         ]
+    return verdicts
 
 
 def sleeps_for(regime: Regime, cores: int) -> list[float]:
@@ -104,30 +118,31 @@ def sleeps_for(regime: Regime, cores: int) -> list[float]:
     return [(speed - 1.0) * step_s for speed in regime.speeds]
 
 
-References = dict[tuple[int, int, int, GPTConfig], tuple[quality.Arm, quality.Arm]]
+References = dict[tuple[int, int, int, GPTConfig, int], tuple[quality.Arm, quality.Arm]]
+"""Synchronous DiLoCo and one learner alone per (learners, steps, H, model, data seed)."""
 
 
 def run_matrix(
-    regimes: Sequence[Regime], knobs: dict[str, Any], out: Path, references: References | None = None
+    regimes: Sequence[Regime], knobs: dict[str, Any], out: Path, references: References | None = None, seeds: int = 1
 ) -> list[RegimeResult]:
-    """Every regime's arm and references, printed as they finish (``references`` computed once
-    for several settings: pass the same dict)."""
+    """Every regime's arm and references on each of ``seeds`` data seeds, printed as they finish
+    (``references`` computed once per seed for several settings: pass the same dict)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     references = {} if references is None else references
     results: list[RegimeResult] = []
     server: Seaweed | None = None
     scratch = tempfile.TemporaryDirectory(prefix="gm-regimes-s3-")
     try:
-        for index, regime in enumerate(regimes):
+        for index, (regime, seed) in enumerate((r, s) for s in range(seeds) for r in regimes):
             sleeps = sleeps_for(regime, cores)
-            key = regime.reference_key
+            key = (*regime.reference_key, seed)
             if key not in references:
                 torch.set_num_threads(cores)
-                sync = quality.sync_diloco(regime.model, regime.steps, regime.learners, regime.sync_every)
-                alone = quality.single_learner(regime.model, regime.steps)
+                sync = quality.sync_diloco(regime.model, regime.steps, regime.learners, regime.sync_every, seed=seed)
+                alone = quality.single_learner(regime.model, regime.steps, seed=seed)
                 references[key] = (sync, alone)
-                print(f"  references M = {regime.learners}, H = {regime.sync_every}: sync DiLoCo {sync.val_loss:.4f}, "
-                      f"one learner alone {alone.val_loss:.4f}", flush=True)  # fmt: skip
+                print(f"  seed {seed}: references M = {regime.learners}, H = {regime.sync_every}: sync DiLoCo "
+                      f"{sync.val_loss:.4f}, one learner alone {alone.val_loss:.4f}", flush=True)  # fmt: skip
             sync, alone = references[key]
             s3 = None
             if regime.store == "s3":
@@ -144,10 +159,11 @@ def run_matrix(
                 sync_every=regime.sync_every,
                 config=regime.model,
                 s3=s3,
+                seed=seed,
             )
-            result = RegimeResult(regime.name, arm, sync, alone)
+            result = RegimeResult(regime.name, arm, sync, alone, seed)
             results.append(result)
-            print(f"  {regime.name}: {arm.val_loss:.4f} ({result.ratio:.4f} × sync), merged {arm.merged_share:.3f}, "
+            print(f"  seed {seed}: {regime.name}: {arm.val_loss:.4f} ({result.ratio:.4f} × sync), merged {arm.merged_share:.3f}, "
                   f"{arm.stale} stale, {arm.wall_s:.0f} s", flush=True)  # fmt: skip
     finally:
         if server is not None:
@@ -193,9 +209,17 @@ def plot(results: Sequence[RegimeResult], path: Path) -> None:
 QUICK_STEPS = 60
 
 
-def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]], runs_dir: Path, quick: bool = False) -> int:
-    """Run the matrix (``quick``: a smoke run, the short-step regimes at M = 2 and on S3, 60 steps);
-    ``knobs`` a list: one matrix per setting, sharing the references."""
+def main(
+    only: Sequence[str] | None,
+    knobs: dict[str, Any] | list[dict[str, Any]],
+    runs_dir: Path,
+    quick: bool = False,
+    seeds: int | None = None,
+) -> int:
+    """Run the matrix (``quick``: a smoke run, the short-step regimes at M = 2 and on S3, 60 steps,
+    one seed); ``knobs`` a list: one matrix per setting, sharing the references; ``seeds`` data
+    seeds per regime (default 3): each target on the median of its per-seed figures."""
+    seeds = (1 if quick else MIN_RUNS) if seeds is None else seeds
     regimes = [r for r in REGIMES if not only or any(word in r.name for word in only)]
     if quick:
         regimes = [replace(r, steps=QUICK_STEPS) for r in regimes if r.model == SHORT_STEP_MODEL and r.sync_every == 20]
@@ -211,7 +235,7 @@ def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]
     matrices = []
     for setting in settings:
         print(f"setting: {json.dumps(setting) if setting else 'defaults'}", flush=True)
-        matrices.append((setting, run_matrix(regimes, setting, out, references)))
+        matrices.append((setting, run_matrix(regimes, setting, out, references, seeds)))
     entries = []
     all_verdicts = []
     for setting, results in matrices:
@@ -219,16 +243,23 @@ def main(only: Sequence[str] | None, knobs: dict[str, Any] | list[dict[str, Any]
         for line in table(results):
             print(line)
         named = json.dumps(setting) if setting else DEFAULTS
-        verdicts = conditions([v for r in results for v in r.verdicts()], runs=1, setting=named)  # one seed per regime
+        verdicts = regime_verdicts(results, named)
         print()
         for v in verdicts:
             print(f"  {v.line()}")
         all_verdicts.extend((setting, v) for v in verdicts)
         entries.extend(
-            {"knobs": setting, "regime": asdict(regime), "arm": asdict(r.arm), "sync": asdict(r.sync), "alone": asdict(r.alone)}
-            for regime, r in zip(regimes, results, strict=True)
+            {
+                "knobs": setting,
+                "seed": r.seed,
+                "regime": asdict(next(g for g in regimes if g.name == r.regime)),
+                "arm": asdict(r.arm),
+                "sync": asdict(r.sync),
+                "alone": asdict(r.alone),
+            }
+            for r in results
         )
-    plot(matrices[0][1], out / "loss.png")
+    plot([r for r in matrices[0][1] if r.seed == 0], out / "loss.png")
     result = {
         "machine": {"cores": os.cpu_count(), "torch": torch.__version__},
         "settings": settings,

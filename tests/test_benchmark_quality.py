@@ -44,14 +44,15 @@ def test_quick_regime_matrix_prints_each_regime_beside_its_references(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "× sync DiLoCo" in result.stdout and "one learner alone" in result.stdout
+    assert "loss ÷ sync DiLoCo" in result.stdout and "one learner alone" in result.stdout
+    assert "[information: 1 run, a verdict needs 3]" in result.stdout  # the smoke run has one seed
     (run,) = tmp_path.iterdir()
     saved = json.loads((run / "result.json").read_text())
     stores = {entry["regime"]["store"] for entry in saved["regimes"]}
     assert stores == {"directory", "s3"}
     for entry in saved["regimes"]:
         assert entry["sync"]["val_loss"] < 5.0 and entry["alone"]["val_loss"] < 5.0  # the references trained
-        assert entry["arm"]["rounds"] >= 1 and 0 < entry["arm"]["merged_share"] <= 1
+        assert entry["arm"]["rounds"] >= 1 and 0 < entry["arm"]["merged_share"] <= 1 and entry["seed"] == 0
     assert len(saved["targets"]) == 3 * len(saved["regimes"])
     assert (run / "loss.png").stat().st_size > 10_000
 
