@@ -19,6 +19,7 @@ import gradientmail as gm
 from gradientmail.algorithms.merge import Merge, MergeSum, merge_tensors_scaled
 from gradientmail.backends import get_backend, kernels, payload
 from gradientmail.session.join import RunProposal, join_run, proposed_manifest
+from gradientmail.settings import NodeSettings
 from gradientmail.store import RunStore
 from gradientmail.syncer import replay_round
 from gradientmail.syncer.rounds import Accepted, close_round, outer_step
@@ -181,3 +182,20 @@ def test_a_run_whose_manifest_predates_the_field_keeps_the_normalized_merge(tmp_
     _, committed = _three_learner_round(store, spec)
     assert payload.encode(committed) == _expected(store, spec, "normalized")
     assert payload.encode(replay_round(store, NUMPY, spec, 0, 1)) == payload.encode(committed)
+
+
+def test_the_arithmetic_is_set_as_a_user_types_it_and_a_typo_names_the_field(monkeypatch, tmp_path):
+    """``GRADIENTMAIL_MERGE_ARITHMETIC`` reaches a new run's manifest; an unknown value is refused
+    naming the variable's field; joining the run with another value follows the manifest."""
+    monkeypatch.setenv("GRADIENTMAIL_MAILBOX", f"file://{tmp_path / 'box'}")
+    monkeypatch.setenv("GRADIENTMAIL_MERGE_ARITHMETIC", "normalized")
+    algorithm = NodeSettings.from_env().algorithm()
+    assert algorithm.merge_arithmetic == "normalized"
+    store = RunStore(gm.FileMailbox(tmp_path / "box"))
+    join_run(store, NUMPY, numpy_model(1.0), RunProposal(algorithm, lease_ttl_s=10.0), "creator")
+    assert store.read_manifest().algorithm["merge_arithmetic"] == "normalized"
+    spec, created = join_run(store, NUMPY, numpy_model(1.0), RunProposal(gm.DiLoCo(), lease_ttl_s=10.0), "second")
+    assert not created and spec.algorithm.merge_arithmetic == "normalized"  # the manifest decides
+    monkeypatch.setenv("GRADIENTMAIL_MERGE_ARITHMETIC", "streaming")
+    with pytest.raises(gm.InvalidConfig, match="merge_arithmetic"):
+        NodeSettings.from_env()
