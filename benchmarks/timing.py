@@ -57,25 +57,24 @@ class AgainstCopy:
     single_copy: list[float] = field(default_factory=list)
     threaded_copy: list[float] = field(default_factory=list)
 
+    def copies(self, reference: str = "best") -> list[float]:
+        """Each run's copy seconds: ``best`` (the faster copy of that run), ``single`` or ``threaded``."""
+        if reference == "single":
+            return self.single_copy
+        if reference == "threaded":
+            return self.threaded_copy
+        return [min(a, b) for a, b in zip(self.single_copy, self.threaded_copy, strict=True)]
+
     def ratios(self, action_bytes: float, copy_bytes: float, reference: str = "best") -> list[float]:
-        """Action bytes per second over copy bytes per second, one per run; ``reference``:
-        ``best`` (the faster copy of that run), ``single`` or ``threaded``."""
-        copies = {
-            "single": self.single_copy,
-            "threaded": self.threaded_copy,
-            "best": [min(a, b) for a, b in zip(self.single_copy, self.threaded_copy, strict=True)],
-        }[reference]
-        return [(action_bytes / s) / (copy_bytes / c) for s, c in zip(self.seconds, copies, strict=True)]
+        """Action bytes per second over copy bytes per second, one per run (``copies``' reference)."""
+        return [(action_bytes / s) / (copy_bytes / c) for s, c in zip(self.seconds, self.copies(reference), strict=True)]
 
     def median_seconds(self) -> float:
         return statistics.median(self.seconds)
 
     def copy_rate(self, copy_bytes: float, reference: str = "best") -> float:
         """Copy bytes per second, the median over this action's runs."""
-        copies = {"single": self.single_copy, "threaded": self.threaded_copy}.get(reference)
-        if copies is None:
-            copies = [min(a, b) for a, b in zip(self.single_copy, self.threaded_copy, strict=True)]
-        return copy_bytes / statistics.median(copies)
+        return copy_bytes / statistics.median(self.copies(reference))
 
 
 def against_copy(actions: Sequence[Callable[[], Any]], source: np.ndarray, repeat: int) -> list[AgainstCopy]:
