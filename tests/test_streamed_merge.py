@@ -18,10 +18,11 @@ import pytest
 import gradientmail as gm
 from gradientmail.algorithms.merge import Merge, MergeSum, merge_tensors_scaled
 from gradientmail.backends import get_backend, kernels, payload
+from gradientmail.backends.numpy_backend import NumpyBackend
 from gradientmail.session.join import RunProposal, join_run, proposed_manifest
 from gradientmail.settings import NodeSettings
 from gradientmail.store import RunStore
-from gradientmail.syncer import replay_round
+from gradientmail.syncer import SyncerRuntime, replay_round
 from gradientmail.syncer.rounds import Accepted, close_round, outer_step
 from tests.backend_params import BACKENDS, tensor, values
 from tests.test_exchange_units import contribute, numpy_model, syncer_on
@@ -199,3 +200,40 @@ def test_the_arithmetic_is_set_as_a_user_types_it_and_a_typo_names_the_field(mon
     monkeypatch.setenv("GRADIENTMAIL_MERGE_ARITHMETIC", "streaming")
     with pytest.raises(gm.InvalidConfig, match="merge_arithmetic"):
         NodeSettings.from_env()
+
+
+class _CountingBackend(NumpyBackend):
+    """The NumPy backend, counting the combinations of several deltas at once (a merge taken at
+    close) apart from single terms and additions (a sum built as contributions arrive)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.combined_at_once = 0
+        self.accumulated = 0
+
+    def combine(self, tensors, factors):  # type: ignore[no-untyped-def]
+        if len(tensors) > 1:
+            self.combined_at_once += 1
+        return super().combine(tensors, factors)
+
+    def accumulate(self, total, tensor, factor):  # type: ignore[no-untyped-def]
+        self.accumulated += 1
+        return super().accumulate(total, tensor, factor)
+
+
+def test_the_live_syncer_sums_contributions_as_it_accepts_them_and_takes_that_sum_at_close(tmp_path):
+    """A streamed round is merged while it collects: the close combines nothing at once (every
+    contribution after the first was added to the running sum), and the bytes are replay's."""
+    store = RunStore(gm.FileMailbox(tmp_path / "box"))
+    spec, _ = join_run(store, NUMPY, numpy_model(1.0), RunProposal(gm.DiLoCo(), lease_ttl_s=10.0), "creator")
+    backend = _CountingBackend()
+    rng = np.random.default_rng(9)
+    for learner in ("l0", "l1", "l2"):
+        params = {name: rng.standard_normal(value.shape).astype(np.float32) for name, value in numpy_model().items()}
+        contribute(store, learner, 0, params, 10, 640)
+    SyncerRuntime(store, backend, spec, "syncer-node", lease_ttl_s=10.0, poll_interval_s=0.2).run_once()
+    record = store.read_round(0, 1)
+    assert len(record.participants) == 3
+    assert backend.combined_at_once == 0 and backend.accumulated == 2 * len(numpy_model())
+    committed = store.read_tensors(record.params)
+    assert payload.encode(replay_round(store, NUMPY, spec, 0, 1)) == payload.encode(committed)
