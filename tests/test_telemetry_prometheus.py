@@ -176,12 +176,17 @@ def test_every_dashboard_and_rule_query_parses_and_names_exported_metrics(scrape
 
 def test_the_round_dashboard_queries_return_data_for_the_run(scraped_run: ScrapedRun) -> None:
     board = dashboards()[ROUNDS_DASHBOARD]
-    empty = [
-        (title, expr)
-        for title, expr in dashboard_queries(board, {**_run_values(scraped_run), "fragment": ".*"})
-        if not scraped_run.prometheus.query(expr)
-    ]
-    assert not empty, "queries without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty)
+    queries = dashboard_queries(board, {**_run_values(scraped_run), "fragment": ".*"})
+
+    def empty() -> list[tuple[str, str]]:
+        return [(title, expr) for title, expr in queries if not scraped_run.prometheus.query(expr)]
+
+    # the elected-only gauges come from whoever holds the election; on a loaded machine a 1 s
+    # lease can change hands again, and a new holder's gauges start at its next scrape
+    try:
+        wait_until(lambda: not empty(), 20, "data for every round dashboard query")
+    except AssertionError:
+        raise AssertionError("queries without data:\n" + "\n".join(f"{t}: {e}" for t, e in empty())) from None
 
 
 def test_the_run_recorded_its_takeover_and_the_recording_rules_evaluate(scraped_run: ScrapedRun) -> None:
@@ -192,7 +197,8 @@ def test_the_run_recorded_its_takeover_and_the_recording_rules_evaluate(scraped_
     holder = prometheus.query("gradientmail_syncer_leader == 1")
     assert len(holder) == 1 and holder[0]["metric"]["node"] != scraped_run.killed
     assert prometheus.value("max(gradientmail_syncer_term)") >= 2
-    assert prometheus.value("max(gradientmail_learners_live)") == 2
+    # a holder that took over judges a dead learner's lease expired one TTL after it first read it
+    wait_until(lambda: prometheus.value("max(gradientmail_learners_live)") == 2, 15, "the two survivors live")
     # every series names its run, and the survivors judge each live lease younger than the TTL
     assert not prometheus.query('{__name__=~"gradientmail_.+", run=""}')
     ages = prometheus.query("gradientmail_lease_age_seconds")
