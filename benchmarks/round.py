@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import io
 import itertools
 import json
@@ -56,10 +57,10 @@ import gradientmail as gm
 from benchmarks import s3_requests
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.seaweed import S3Endpoint, Seaweed
-from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, verdict
+from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import S3Tuning
-from gradientmail.mailbox.base import HashingGet
+from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import ContributionCounts, RunStore
 from gradientmail.store import run_store as run_store_module
@@ -162,6 +163,16 @@ class TimedMailbox:
     def put(self, key: str, data: bytes) -> str:
         return self._timed("put", key, lambda: self._inner.put(key, data), lambda _: len(data))
 
+    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+        """The store's hashing write (``HashingPut``, a gathered blob sent out of its pieces)
+        where it has one, logged as a PUT (the hash runs inside it, while the parts go); else
+        the pieces joined, a PUT and a sha256 apart."""
+        inner = self._inner
+        if isinstance(inner, HashingPut):
+            return self._timed("put", key, lambda: inner.put_sha256(key, data), lambda _: len(data))
+        whole = joined(data)
+        return self.put(key, whole), run_store_module.sha256_hex(whole)
+
     def create(self, key: str, data: bytes) -> str:
         return self._timed("create", key, lambda: self._inner.create(key, data), lambda _: len(data))
 
@@ -179,7 +190,7 @@ class TimedMailbox:
 def timed_codec(calls: CallLog) -> Iterator[None]:
     """Time the payload codec and the store's sha256 while inside (module attributes patched in this
     benchmark process only; only the round's threads, the syncer's and its helpers, use them meanwhile)."""
-    originals = (payload.encode, payload.decode, run_store_module.sha256_hex)
+    originals = (payload.encode, payload.decode, run_store_module.sha256_hex, payload.encode_pieces)
 
     def timed(op: str, fn: Callable[..., Any], sized: Callable[[tuple[Any, ...], Any], Any]) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -193,11 +204,12 @@ def timed_codec(calls: CallLog) -> Iterator[None]:
     encode = timed("encode", originals[0], lambda args, result: result)
     decode = timed("decode", originals[1], lambda args, result: args[0] if args else None)
     sha256_hex = timed("sha256", originals[2], lambda args, result: args[0] if args else None)
-    payload.encode, payload.decode, run_store_module.sha256_hex = encode, decode, sha256_hex
+    pieces = timed("encode", originals[3], lambda args, result: sum(len(memoryview(p).cast("B")) for p in result))
+    payload.encode, payload.decode, run_store_module.sha256_hex, payload.encode_pieces = encode, decode, sha256_hex, pieces
     try:
         yield
     finally:
-        payload.encode, payload.decode, run_store_module.sha256_hex = originals
+        payload.encode, payload.decode, run_store_module.sha256_hex, payload.encode_pieces = originals
 
 
 def _size(data: Any) -> int:
@@ -261,6 +273,19 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
     for i, size in enumerate(put_sizes):
         client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
     out["single_put_s"] = time.monotonic() - start
+    # the same single requests with the sha256 of every body a plain client would take to
+    # check or record a blob (the protocol's integrity, docs/protocol.md): a reference beside
+    # the floor, what that hash alone costs on this machine
+    start = time.monotonic()
+    for key in object_keys:
+        hashlib.sha256(client.get_object(Bucket=bucket, Key=key)["Body"].read()).digest()
+    out["hashed_get_s"] = time.monotonic() - start
+    start = time.monotonic()
+    for i, size in enumerate(put_sizes):
+        body = blob[:size]
+        hashlib.sha256(body).digest()
+        client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=body)
+    out["hashed_put_s"] = time.monotonic() - start
     # s3transfer (boto3's managed transfers: parallel ranged GETs / multipart uploads)
     config = TransferConfig()
     start = time.monotonic()
@@ -280,6 +305,7 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
     out["put_bytes"] = sum(put_sizes)
     out["single_s"] = out["single_get_s"] + out["single_put_s"]
     out["s3transfer_s"] = out["s3transfer_get_s"] + out["s3transfer_put_s"]
+    out["hashed_s"] = out["hashed_get_s"] + out["hashed_put_s"]
     out["floor_s"] = min(out["single_s"], out["s3transfer_s"])
     out["floor_kind"] = "single requests" if out["single_s"] <= out["s3transfer_s"] else "s3transfer"
     return out
@@ -419,8 +445,7 @@ def phase_table(
     # Each blob is hashed on another thread while it uploads: the span of the writes, not their sum.
     writes = encodes + sha_out + blob_puts
     write_s = max(c.end for c in writes) - min(c.start for c in writes) if writes else 0.0
-    collect = "collect (fetch, sha256, decode ahead ∥ validate)"
-    write = "write blobs (encode, then sha256 ∥ PUT, each)"
+    collect, write = COLLECT_PHASE, WRITE_PHASE
     rows = {
         "poll+list (election, leases, head probe, LIST)": (first_get - started, 0),
         "  of which LIST": total(lists),
@@ -576,6 +601,19 @@ def fmt_counts(counts: dict[str, float]) -> str:
     return ", ".join(f"{op} {n:g}" for op, n in counts.items()) or "none"
 
 
+COLLECT_PHASE = "collect (fetch, sha256, decode ahead ∥ validate)"
+WRITE_PHASE = "write blobs (gathered: sha256 ∥ PUT out of the arrays, each)"
+
+
+def phase_ratios(r: dict[str, Any]) -> dict[str, float]:
+    """The round's transfer phases against the same transfers of the floor (the faster boto3 client
+    of each direction): collect ÷ GETs, write blobs ÷ PUTs."""
+    f, phases = r["floor"], r["phases"]
+    get_s = min(f["single_get_s"], f["s3transfer_get_s"])
+    put_s = min(f["single_put_s"], f["s3transfer_put_s"])
+    return {"collect": phases[COLLECT_PHASE]["s"] / get_s, "write": phases[WRITE_PHASE]["s"] / put_s}
+
+
 def print_round(r: dict[str, Any]) -> None:
     print(
         f"\n== round: merge {r['merge']} ({r['arithmetic']}), M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment =="
@@ -598,6 +636,14 @@ def print_round(r: dict[str, Any]) -> None:
             f"  whole / floor = {r['whole_s']:.3f} / {f['floor_s']:.3f} ({f['floor_kind']}) = {r['ratio']:.2f}× "
             f"(target ≤ {TARGET_RATIO}×; judged on the median of the repeats)"
         )
+        if "hashed_s" in f:
+            ratios = phase_ratios(r)
+            print(
+                f"  (information) single requests with the sha256 of every body {f['hashed_s']:.3f} s "
+                f"(GET {f['hashed_get_s']:.3f} + PUT {f['hashed_put_s']:.3f}); "
+                f"whole / that = {r['whole_s'] / f['hashed_s']:.2f}×; "
+                f"collect / the floor's GET {ratios['collect']:.2f}×, write blobs / its PUT {ratios['write']:.2f}×"
+            )
     q = r["requests"]
     print(f"  requests, syncer's closing pass: {fmt_counts(q['syncer_round_pass'])}")
     print(f"  requests, syncer's idle pass:    {fmt_counts(q['syncer_idle_pass'])}")
@@ -668,6 +714,19 @@ def rounds_only(args: argparse.Namespace) -> int:
         for merge in merges
         for form in forms
     ]
+    for merge in merges:
+        for form in forms:
+            mine = [r for r in rounds if (r["merge"], r["arithmetic"]) == (merge, form) and "hashed_s" in r["floor"]]
+            if not mine:
+                continue
+            verdicts += [
+                information(
+                    f"whole round ÷ single requests hashing every body, {merge} ({form})",
+                    [r["whole_s"] / r["floor"]["hashed_s"] for r in mine],
+                ),
+                information(f"collect ÷ the floor's GETs, {merge} ({form})", [phase_ratios(r)["collect"] for r in mine]),
+                information(f"write blobs ÷ the floor's PUTs, {merge} ({form})", [phase_ratios(r)["write"] for r in mine]),
+            ]
     fit = None
     if len(swept) >= 3:
         x = [r["m"] * r["mb"] for r in swept]

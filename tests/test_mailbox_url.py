@@ -17,6 +17,7 @@ def test_exported_names_stay_as_documented() -> None:
             "Mailbox",
             "ObjectInfo",
             "ForwardingMailbox",
+            "Gathered",
             "MeteredMailbox",
             "RequestCounts",
             "MemoryMailbox",

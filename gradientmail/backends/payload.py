@@ -72,11 +72,19 @@ SERIALIZE_RANK: dict[str, int] = {
 
 def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> bytes:
     """Serialize named arrays (little-endian, C order) with string metadata: the bytes
-    ``safetensors.serialize`` writes, built with one copy of the data (``bytes.join`` over the
-    header and each array's buffer; ``serialize`` copies twice, into its buffer and then into
-    Python ``bytes``: 0.38 s against 0.17 s for 256 MB, docs/benchmarks.md). Metadata of more
-    than one entry, or names and values with control characters, go through ``serialize``
-    itself (its metadata map has no fixed order; its JSON escapes are its own)."""
+    ``safetensors.serialize`` writes, built with one copy of the data (``bytes.join`` over
+    :func:`encode_pieces`; ``serialize`` copies twice, into its buffer and then into Python
+    ``bytes``: 0.38 s against 0.17 s for 256 MB, docs/benchmarks.md)."""
+    pieces = encode_pieces(arrays, metadata)
+    return pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
+
+
+def encode_pieces(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None = None) -> list[bytes | memoryview]:
+    """The bytes of :func:`encode` as pieces in order, without copying the data: the length
+    and JSON header, then each array's own buffer (a contiguous little-endian copy only where an
+    array is neither), for a store that writes pieces as they are. Metadata of more than one
+    entry, or names and values with control characters, go through ``serialize`` itself (its
+    metadata map has no fixed order; its JSON escapes are its own): one piece."""
     prepared: list[tuple[str, str, np.ndarray]] = []
     for name, array in arrays.items():
         dtype_name = dtype_name_of(array)
@@ -86,7 +94,7 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
         prepared.append((name, dtype_name, contiguous))
     texts = [name for name, _, _ in prepared] + [text for item in (metadata or {}).items() for text in item]
     if (metadata and len(metadata) > 1) or any(ord(char) < 0x20 for text in texts for char in text):
-        return _serialize(prepared, metadata)
+        return [_serialize(prepared, metadata)]
     ordered = sorted(prepared, key=lambda item: (-SERIALIZE_RANK[DTYPES[item[1]][0]], item[0].encode("utf-8", "surrogatepass")))
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
     offset = 0
@@ -100,11 +108,11 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
     try:
         text = json.dumps(header, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate: let serialize say what it makes of it
-        return _serialize(prepared, metadata)
+        return [_serialize(prepared, metadata)]
     text += b" " * (-len(text) % 8)
-    buffers: list[bytes | memoryview] = [len(text).to_bytes(8, "little"), text]
-    buffers += [array.reshape(-1).view(np.uint8).data for _, _, array in ordered]
-    return b"".join(buffers)
+    pieces: list[bytes | memoryview] = [len(text).to_bytes(8, "little") + text]
+    pieces += [array.reshape(-1).view(np.uint8).data for _, _, array in ordered]
+    return pieces
 
 
 def _serialize(prepared: list[tuple[str, str, np.ndarray]], metadata: Mapping[str, str] | None) -> bytes:

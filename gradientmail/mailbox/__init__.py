@@ -6,7 +6,7 @@
 is first used.
 """
 
-from gradientmail.mailbox.base import ForwardingMailbox, Mailbox, ObjectInfo
+from gradientmail.mailbox.base import ForwardingMailbox, Gathered, Mailbox, ObjectInfo
 from gradientmail.mailbox.directory import FileMailbox
 from gradientmail.mailbox.keys import validate_key
 from gradientmail.mailbox.memory import MemoryMailbox
@@ -19,6 +19,7 @@ __all__ = [
     "Mailbox",
     "ObjectInfo",
     "ForwardingMailbox",
+    "Gathered",
     "MeteredMailbox",
     "RequestCounts",
     "MemoryMailbox",

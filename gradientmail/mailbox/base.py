@@ -8,10 +8,66 @@ conformance suite; nothing above this layer knows which store it talks to.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ForwardingMailbox", "HashingGet", "HashingPut", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
+__all__ = ["ForwardingMailbox", "Gathered", "HashingGet", "HashingPut", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
+
+Buffer = bytes | bytearray | memoryview
+"""What a :class:`Gathered` payload is made of: anything with a contiguous byte buffer."""
+
+
+class Gathered:
+    """A payload held as pieces in order (a blob's header, then each array's own buffer), which
+    a store that can writes as their concatenation without joining them first: a 256 MB
+    fragment goes out of the arrays it was computed in, with no encoded copy (docs/protocol.md,
+    "Integrity"). The pieces must not change until the write returns: the digest is taken
+    over them while they are sent."""
+
+    __slots__ = ("_pieces", "_size")
+
+    def __init__(self, pieces: Iterable[Buffer]) -> None:
+        views = [memoryview(piece).cast("B") for piece in pieces]
+        self._pieces = tuple(view for view in views if len(view))
+        self._size = sum(len(view) for view in self._pieces)
+
+    def __len__(self) -> int:
+        return self._size
+
+    @property
+    def pieces(self) -> tuple[memoryview, ...]:
+        """The non-empty pieces, as byte views, in order."""
+        return self._pieces
+
+    def between(self, start: int, stop: int) -> list[memoryview]:
+        """Views of the bytes ``[start, stop)`` of the concatenation, in order (no copy)."""
+        views: list[memoryview] = []
+        offset = 0
+        for piece in self._pieces:
+            end = offset + len(piece)
+            if end > start and offset < stop:
+                views.append(piece[max(start, offset) - offset : min(stop, end) - offset])
+            offset = end
+            if offset >= stop:
+                break
+        return views
+
+    def join(self) -> bytes:
+        """The payload as one ``bytes`` (one copy), for a store that cannot write pieces."""
+        return b"".join(self._pieces)
+
+    def sha256(self) -> str:
+        """The hex sha256 of the concatenation, fed piece by piece."""
+        digest = hashlib.sha256()
+        for piece in self._pieces:
+            digest.update(piece)
+        return digest.hexdigest()
+
+
+def joined(data: bytes | Gathered) -> bytes:
+    """``data`` as one ``bytes``: itself, or a :class:`Gathered` payload joined."""
+    return data.join() if isinstance(data, Gathered) else data
 
 
 @dataclass(frozen=True)
@@ -140,10 +196,12 @@ class HashingPut(Protocol):
     blob's digest (its record's ``sha256``) costs no pass of its own. The S3 store
     hands that digest to the server as the object's ``x-amz-checksum-sha256``, which refuses a
     body that does not match (``BadDigest``), in place of botocore's own checksum and payload
-    signing passes. Stores without it are written with :meth:`Mailbox.put` and hashed apart."""
+    signing passes, and writes a :class:`Gathered` payload straight from its pieces. Stores
+    without it are written with :meth:`Mailbox.put` (a gathered payload joined) and hashed apart."""
 
-    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
-        """:meth:`Mailbox.put` (same errors), and the hex sha256 of ``data``."""
+    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+        """:meth:`Mailbox.put` (same errors), and the hex sha256 of ``data``. A
+        :class:`Gathered` payload is stored as the concatenation of its pieces."""
         ...
 
 
@@ -182,10 +240,11 @@ class ForwardingMailbox:
             return data, hashlib.sha256(data).hexdigest()
         return inner.get_sha256(key, max_bytes=max_bytes)
 
-    def _forward_put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+    def _forward_put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
         inner = self.inner
         if type(self).put is not ForwardingMailbox.put or not isinstance(inner, HashingPut):
-            return self.put(key, data), hashlib.sha256(data).hexdigest()
+            whole = joined(data)
+            return self.put(key, whole), hashlib.sha256(whole).hexdigest()
         return inner.put_sha256(key, data)
 
     @property

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from gradientmail.errors import KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
-from gradientmail.mailbox.base import ForwardingMailbox, HashingGet, HashingPut, Mailbox, ObjectInfo
+from gradientmail.mailbox.base import ForwardingMailbox, Gathered, HashingGet, HashingPut, Mailbox, ObjectInfo
 
 __all__ = ["OPERATIONS", "MeteredMailbox", "RequestCounts"]
 
@@ -77,7 +77,7 @@ class MeteredMailbox(ForwardingMailbox):
         if isinstance(inner, HashingPut):  # keep the store's one pass over the bytes, and count it as a put
             putting = inner
 
-            def put_sha256(key: str, data: bytes) -> tuple[str, str]:
+            def put_sha256(key: str, data: bytes | Gathered) -> tuple[str, str]:
                 return self._metered("put", lambda: putting.put_sha256(key, data))
 
             setattr(self, "put_sha256", put_sha256)  # noqa: B010 - as above

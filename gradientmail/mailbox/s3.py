@@ -36,7 +36,7 @@ from gradientmail.mailbox import _s3_transfer
 from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, too_large
 from gradientmail.mailbox._s3_errors import error_code, http_status, is_transport_error, translate
 from gradientmail.mailbox._s3_transfer import Hasher
-from gradientmail.mailbox.base import ObjectInfo
+from gradientmail.mailbox.base import Gathered, ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
 if TYPE_CHECKING:
@@ -289,8 +289,9 @@ class S3Mailbox:
     def put(self, key: str, data: bytes) -> str:
         return self._put(key, data, hashed=False)[0]
 
-    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
-        """:meth:`put`, and the sha256 (hex) of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`),
+    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+        """:meth:`put`, and the sha256 (hex) of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`;
+        a :class:`Gathered` payload's parts are sent out of its pieces, no joined copy),
         the one hash of the upload: a single PutObject carries it as ``x-amz-checksum-sha256``,
         which the server checks against the body it received (``BadDigest`` refuses a body
         damaged on the way); a multipart upload hashes in this thread while its parts are sent
@@ -298,10 +299,11 @@ class S3Mailbox:
         reader checks the record's sha256)."""
         return self._put(key, data, hashed=True)
 
-    def _put(self, key: str, data: bytes, *, hashed: bool) -> tuple[str, str]:
+    def _put(self, key: str, data: bytes | Gathered, *, hashed: bool) -> tuple[str, str]:
         object_key = self._object_key(key)
+        payload = data if isinstance(data, Gathered) else as_payload(data)
         try:
-            return self._write("PutObject", object_key, as_payload(data), {}, hashed=hashed)
+            return self._write("PutObject", object_key, payload, {}, hashed=hashed)
         except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
             raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
 
@@ -421,7 +423,7 @@ class S3Mailbox:
             raise translate(exc, operation=operation, bucket=self._bucket, object_key=object_key, endpoint=self.endpoint) from exc
 
     def _write(
-        self, operation: str, object_key: str, payload: bytes, conditions: dict[str, str], *, hashed: bool = False
+        self, operation: str, object_key: str, payload: bytes | Gathered, conditions: dict[str, str], *, hashed: bool = False
     ) -> tuple[str, str]:
         """Upload under ``conditions`` with a fresh writer nonce; return the ETag and (``hashed``)
         the payload's hex sha256, else "". Every single PutObject carries the payload's sha256

@@ -35,7 +35,7 @@ from gradientmail.errors import (
     RecordExists,
 )
 from gradientmail.mailbox import Mailbox
-from gradientmail.mailbox.base import HashingGet, HashingPut
+from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.records import (
     SCHEMA_VERSION,
     Contribution,
@@ -511,7 +511,7 @@ class RunStore:
         while self._mailbox.exists(keys.contribution_record(fragment, anchor_version, learner, sequence)):
             sequence += 1
         key = keys.ContributionKey(fragment, anchor_version, learner, sequence)
-        data = delta if isinstance(delta, bytes) else payload.encode(delta)
+        data = delta if isinstance(delta, bytes) else Gathered(payload.encode_pieces(delta))
         blob = self._put_blob(key.blob, data)
         contribution = Contribution(
             learner=learner,
@@ -565,17 +565,20 @@ class RunStore:
     def _write_tensors(
         self, key: str, tensors: Mapping[str, np.ndarray], hashing: ThreadPoolExecutor | None = None
     ) -> PayloadRef:
-        """Encode and put a blob; with ``hashing``, its sha256 is taken there while it uploads."""
-        return self._put_blob(key, payload.encode(tensors), hashing)
+        """Put a blob of ``tensors``, its pieces gathered (no encoded copy where the store writes
+        pieces); with ``hashing``, its sha256 is taken there while it uploads."""
+        return self._put_blob(key, Gathered(payload.encode_pieces(tensors)), hashing)
 
-    def _put_blob(self, key: str, data: bytes, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
+    def _put_blob(self, key: str, data: bytes | Gathered, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
         """Put a blob and reference it by size and sha256. A store that hashes what it writes
-        (``HashingPut``) hands the digest over: the bytes are hashed once. Any other is hashed
+        (``HashingPut``) hands the digest over, and writes a gathered payload out of its pieces:
+        the bytes are hashed once and never joined. Any other gets them joined and hashes them
         here, on ``hashing`` while the upload runs when given."""
         mailbox = self._mailbox
         if isinstance(mailbox, HashingPut):
             _, sha256 = mailbox.put_sha256(key, data)
             return PayloadRef(key=key, sha256=sha256, size_bytes=len(data))
+        data = joined(data)
         digest = hashing.submit(sha256_hex, data) if hashing is not None else None
         try:
             self._mailbox.put(key, data)
