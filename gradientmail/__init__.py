@@ -38,12 +38,13 @@ from gradientmail.errors import (
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
 from gradientmail.records.auth import RunKey
-from gradientmail.session import Session, SessionEvent, SessionOptions, SyncerNode
+from gradientmail.session import Session, SessionEvent, SessionOptions, SyncerNode, align
 from gradientmail.settings import NodeSettings, session_from_env
 from gradientmail.store import Retention
 
 __all__ = [
     "Session",
+    "align",
     "SessionEvent",
     "SessionOptions",
     "SyncerNode",

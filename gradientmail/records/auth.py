@@ -92,6 +92,14 @@ class RunKey:
         env = os.environ if environ is None else environ
         return cls.from_settings(env.get(ENV_KEY), env.get(ENV_KEY_FILE))
 
+    @classmethod
+    def given(cls, run_key: str | RunKey | None) -> RunKey | None:
+        """The key a node was given (a secret string or a key), else :meth:`from_env`'s: how every
+        way to open a run (a session, a dedicated syncer, ``gm.align``) resolves ``run_key=``."""
+        if isinstance(run_key, RunKey):
+            return run_key
+        return cls(run_key) if run_key is not None else cls.from_env()
+
     def mac(self, location: str, record: Record) -> str:
         """The MAC of ``record`` stored at mailbox key ``location``."""
         message = location.encode("utf-8") + b"\n" + record.signed_content()

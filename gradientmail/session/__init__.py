@@ -1,7 +1,9 @@
-"""The node side: ``Session`` around the user's training loop, ``SyncerNode`` for a node that only syncs."""
+"""The node side: ``Session`` around the user's training loop, ``SyncerNode`` for a node that only
+syncs, ``align`` for a job that only reads the newest committed model."""
 
+from gradientmail.session.evaluation import align
 from gradientmail.session.events import SessionEvent
 from gradientmail.session.session import Session, SessionOptions, SessionStats
 from gradientmail.session.syncer_node import SyncerNode
 
-__all__ = ["Session", "SessionEvent", "SessionOptions", "SessionStats", "SyncerNode"]
+__all__ = ["align", "Session", "SessionEvent", "SessionOptions", "SessionStats", "SyncerNode"]

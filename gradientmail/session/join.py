@@ -40,6 +40,7 @@ __all__ = [
     "join_run",
     "model_signature",
     "newest_readable",
+    "parameter_differences",
     "proposed_manifest",
 ]
 
@@ -111,6 +112,13 @@ def differences(manifest: Manifest, algorithm: DiLoCo, signature: tuple[Paramete
     for field in RUN_FIELDS:
         if run_algorithm[field] != mine[field]:
             found.append(f"{field}: the run uses {run_algorithm[field]!r}, this node {mine[field]!r}")
+    return found + parameter_differences(manifest, signature)
+
+
+def parameter_differences(manifest: Manifest, signature: tuple[ParameterSpec, ...]) -> list[str]:
+    """How a model's parameters (names, shapes, dtypes, order) differ from the run's, empty if
+    they match: what joining checks, and what loading a run's parameters into a model checks."""
+    found: list[str] = []
     theirs = {p.name: p for p in manifest.parameters}
     ours = {p.name: p for p in signature}
     missing = [n for n in theirs if n not in ours]

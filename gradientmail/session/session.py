@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from gradientmail.algorithms import align, schedule
 from gradientmail.algorithms.diloco import DiLoCo
@@ -50,6 +50,9 @@ from gradientmail.telemetry import hooks as telemetry
 __all__ = ["Session", "SessionOptions", "SessionStats"]
 
 log = logging.getLogger(__name__)
+
+Batch = TypeVar("Batch")
+"""What ``Session.run`` hands the caller's ``step``: one item of its data."""
 
 _FLUSH_ATTEMPTS = 3
 """Final contributions published at close when a round closes without the previous ones."""
@@ -241,7 +244,7 @@ class Session:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
         self.retention = retention or Retention()
-        key = run_key if isinstance(run_key, RunKey) else RunKey(run_key) if run_key is not None else RunKey.from_env()
+        key = RunKey.given(run_key)
         self.stats = SessionStats()
         self._owns_mailbox = isinstance(mailbox, str)
         self._mailbox = MeteredMailbox(open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox)
@@ -410,6 +413,39 @@ class Session:
         """Steps this learner trained in the run, across restarts that resumed (``state_dir``):
         what to index data and schedules by."""
         return self.steps_before + self.stats.steps
+
+    def run(
+        self,
+        step: Callable[[Batch], int | None],
+        data: Iterable[Batch] | Callable[[Session], Iterable[Batch]],
+    ) -> SessionStats:
+        """Train ``step`` over ``data`` inside this session, then close it: the loop of the ``with``
+        form, for a loop that is a ``step(batch) -> samples`` callable (docs/session.md, "The
+        session owns the loop").
+
+        Opens the session if it is not open. ``step`` trains the model on one batch, optimizer
+        step included, and returns the samples (or tokens) it trained on; ``None`` counts as 1,
+        as ``step()`` does. ``data`` is an iterable of batches, or a callable given the open
+        session that returns one (to read a work queue: ``lambda s: (b for unit in
+        s.queue("shards", 64) for b in load(unit))``). At the end of the data the session
+        closes as a ``with`` block does (rounds in flight committed, the model at the newest
+        commit); when ``step``, the data or the exchange raises, it closes without waiting and
+        the exception propagates. Returns the session's counters. A session runs once.
+        """
+        if self._run is not None and not self._run.open:
+            raise RuntimeError("Session.run(): this session has closed; a session runs once")
+        if self._run is None and not self._following:
+            self.open()
+        try:
+            batches = data(self) if callable(data) else data
+            for batch in batches:
+                samples = step(batch)
+                self.step(1 if samples is None else samples)
+        except BaseException:
+            self.close(wait=False)
+            raise
+        self.close()
+        return self.stats
 
     def queue(self, name: str, units: int) -> WorkQueue:
         """Work units ``0 … units-1`` shared by the run's learners, each trained to its end by

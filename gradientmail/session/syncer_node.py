@@ -71,7 +71,7 @@ class SyncerNode:
         self.poll_interval_s = poll_interval_s
         self.idle_poll_interval_s = idle_poll_interval_s
         self.wait_for_run_s = wait_for_run_s
-        key = run_key if isinstance(run_key, RunKey) else RunKey(run_key) if run_key is not None else RunKey.from_env()
+        key = RunKey.given(run_key)
         self._owns_mailbox = isinstance(mailbox, str)
         self._mailbox = MeteredMailbox(open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox)
         """Every request this node makes, counted (``mailbox/metered.py``: the request metrics)."""
