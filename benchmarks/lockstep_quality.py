@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 import gradientmail as gm
-from benchmarks.targets import conditions
+from benchmarks.targets import Verdict, at_least, at_most, conditions, information, verdict
 from demo import model as torch_gpt
 from demo import settings
 from demo.data import BatchSampler, load_corpus, validation_windows
@@ -59,6 +59,7 @@ from demo.model_config import GPTConfig
 from gradientmail.algorithms.merge import Merge, merge_tensors_scaled, weight
 from gradientmail.backends import Tensor, get_backend
 from gradientmail.backends.quantize import Codec, compact_update, dequantize, quantize, quantize_with_feedback
+from gradientmail.backends.sparse import SparseCodec, densify, sparsify_with_feedback
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 300
@@ -80,7 +81,7 @@ LR_GRID = [(lr, momentum) for momentum in (0.9, 0.8) for lr in (0.7, 1.0, 1.4, 1
 EMBED = "embed"
 """Iso-C arms named without a pattern keep the embeddings on the weighted mean (the default when
 measured, set explicitly so the names keep their meaning); ``direct_pattern=None`` arms say so."""
-GROUPS = ("iso_c", "iso_c_lr", "quant", "seed2", "extra")
+GROUPS = ("iso_c", "iso_c_lr", "quant", "seed2", "extra", "sparse")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class ArmSpec:
     merge: Merge
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
-    upload: Codec | None = None
+    upload: Codec | SparseCodec | None = None
     feedback: bool = False
     download: Codec | None = None
     seed: int = 1
@@ -178,13 +179,18 @@ class LockstepResult:
     curve: list[float]
 
 
-def wire_bytes(numels: Sequence[int], codec: Codec | None) -> int:
+def wire_bytes(numels: Sequence[int], codec: Codec | SparseCodec | None) -> int:
     """Bytes of one full set of tensors on the wire: the codec's payload, or 4 per element in fp32."""
     return sum(codec.nbytes(n) if codec else 4 * n for n in numels)
 
 
-def send(delta: np.ndarray, codec: Codec, residual: np.ndarray | None, feedback: bool) -> tuple[np.ndarray, np.ndarray | None]:
-    """What the syncer dequantizes from one replica's tensor, and that tensor's next residual."""
+def send(
+    delta: np.ndarray, codec: Codec | SparseCodec, residual: np.ndarray | None, feedback: bool
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """What the syncer dequantizes (or densifies) from one replica's tensor, and that tensor's next residual."""
+    if isinstance(codec, SparseCodec):
+        offsets, codes, scales, left = sparsify_with_feedback(delta, residual if feedback else None, codec)
+        return densify(offsets, codes, scales, codec, delta.shape), left if feedback else None
     if feedback:
         codes, scales, left = quantize_with_feedback(delta, residual, codec)
         return dequantize(codes, scales, codec, delta.shape), left
@@ -526,6 +532,89 @@ def group_quant(runner: Runner, m: int) -> tuple[list[Arm], list[tuple[str, bool
     return arms, verdicts
 
 
+SPARSE_SEEDS = (1, 2, 3)
+TARGET_SPARSE_RATIO = 1.0
+"""SparseLoCo's claim: sparse deltas end no worse than fp32 DiLoCo."""
+TARGET_SPARSE_DP_RATIO = 5000.0
+"""Fewer bytes than data-parallel at H = 100, both directions counted (issue 26)."""
+
+
+SPARSE_DEFAULT = "up top64of4096/int2 EF"
+SPARSE_PLAIN = "up top64of4096/int2 EF, plain outer step (lr 1, momentum 0)"
+SPARSE_COMPACT = "up top64of4096/int2 EF, down int4"
+
+
+def sparse_specs(m: int, merge: Merge, seed: int) -> list[ArmSpec]:
+    """Sparse uploads (``backends/sparse.py``) beside fp32 and the best quantized pair, one seed."""
+    top64, top128 = SparseCodec(64, 4096, "int2"), SparseCodec(128, 4096, "int4")
+    int4 = Codec("int4")
+    reference = f"fp32 deltas, M={m}, seed {seed}"
+    rows: list[tuple[str, Codec | SparseCodec | None, Codec | None, float, float]] = [
+        ("fp32 deltas", None, None, 0.7, 0.9),
+        ("up int4 EF, down int4", int4, int4, 0.7, 0.9),
+        (SPARSE_DEFAULT, top64, None, 0.7, 0.9),
+        (SPARSE_PLAIN, top64, None, 1.0, 0.0),
+        (SPARSE_COMPACT, top64, int4, 0.7, 0.9),
+        ("up top128of4096/int4 EF", top128, None, 0.7, 0.9),
+    ]
+    return [
+        ArmSpec(
+            f"{label}, M={m}, seed {seed}",
+            "sparse",
+            m,
+            merge,
+            outer_lr=lr,
+            outer_momentum=momentum,
+            upload=up,
+            feedback=up is not None,
+            download=down,
+            seed=seed,
+            reference="" if up is None else reference,
+        )
+        for label, up, down, lr, momentum in rows
+    ]
+
+
+def group_sparse(runner: Runner, m: int, seeds: Sequence[int]) -> tuple[list[Arm], list[Verdict]]:
+    """Sparse deltas at M = m on ``seeds`` (the default merge; each seed its own fp32 reference):
+    loss against fp32, bytes against data-parallel, Nesterov against SparseLoCo's plain step."""
+    arms = with_references([runner.run(spec) for seed in seeds for spec in sparse_specs(m, gm.DiLoCo().merge, seed)])
+
+    def ratios(label: str) -> list[float]:
+        return [arm.ratio_to_reference for arm in arms if arm.name.startswith(label + f", M={m},")]
+
+    setting = "delta_sparsity=1/64 (top64of4096/int2), error feedback"
+    verdicts = [
+        verdict(
+            f"sparse deltas' loss ≤ {TARGET_SPARSE_RATIO:g}× fp32 deltas' (÷ the same seed's fp32), {label}",
+            ratios(label),
+            at_most(TARGET_SPARSE_RATIO),
+            setting=setting,
+            judged_at=setting,
+        )
+        for label in (SPARSE_DEFAULT, SPARSE_PLAIN, SPARSE_COMPACT)
+    ]
+    compact = [arm for arm in arms if arm.name.startswith(SPARSE_COMPACT + ",")]
+    verdicts.append(
+        verdict(
+            f"≥ {TARGET_SPARSE_DP_RATIO:g}× fewer bytes than DP at H = {ISSUE_H}, both directions ({SPARSE_COMPACT})",
+            [arm.dp_ratio_h100 for arm in compact],
+            at_least(TARGET_SPARSE_DP_RATIO),
+            setting=setting,
+            judged_at=setting,
+            detail=f"up {compact[0].up_bytes_per_param:.4f} + down {compact[0].down_bytes_per_param:.4f} bytes per parameter",
+        )
+    )
+    plain, nesterov = ratios(SPARSE_PLAIN), ratios(SPARSE_DEFAULT)
+    verdicts.append(
+        information(
+            "plain outer step (lr 1, momentum 0) ÷ Nesterov (0.7/0.9), sparse deltas (below 1: plain is better)",
+            [p / n for p, n in zip(plain, nesterov, strict=True)],
+        )
+    )
+    return arms, verdicts
+
+
 def group_quick(runner: Runner, m: int) -> tuple[list[Arm], list[tuple[str, bool]]]:
     """The smoke run: fp32 weighted mean, fp32 Iso-C, Iso-C with int4 both ways and error feedback."""
     specs = [
@@ -564,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     parser.add_argument("--lrs", default=",".join(f"{lr:g}" for lr in dict.fromkeys(lr for lr, _ in LR_GRID)))
     parser.add_argument("--momenta", default=",".join(f"{mo:g}" for mo in dict.fromkeys(mo for _, mo in LR_GRID)))
+    parser.add_argument("--sparse-seeds", default=",".join(map(str, SPARSE_SEEDS)), help="seeds of the sparse group's arms")
     parser.add_argument("--lr-replicas", default="4,8", help="M of the outer-step sweep, then of its best two (iso_c_lr)")
     parser.add_argument("--reuse", type=Path, action="append", default=[],
                         help="an earlier result.json or arms.jsonl: its arms with the same setup are not run again")  # fmt: skip
@@ -600,6 +690,8 @@ def main(argv: list[str] | None = None) -> int:
         "groups": {},
     }  # fmt: skip
     sweep: list[Arm] = []
+    seeds = tuple(int(seed) for seed in args.sparse_seeds.split(","))
+    sparse_verdicts: list[Verdict] = []
     for group in groups:
         started = time.monotonic()
         if group == "quick":
@@ -611,6 +703,9 @@ def main(argv: list[str] | None = None) -> int:
             sweep = arms
         elif group == "quant":
             arms, verdicts = group_quant(runner, 4)
+        elif group == "sparse":
+            arms, sparse_verdicts = group_sparse(runner, 4, seeds)
+            verdicts = []
         else:
             if not sweep:
                 sweep, _ = group_iso_c_lr(runner, lr_sizes[:1], grid)
@@ -618,7 +713,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {group} ({time.monotonic() - started:.0f} s) ==")
         for line in table(arms, sync_every):
             print(line)
-        judged = conditions(verdicts, runs=1)  # one seed per arm (the seed2 group reruns a few)
+        judged = sparse_verdicts if group == "sparse" else conditions(verdicts, runs=1)  # one seed per arm elsewhere
         for v in judged:
             print(f"  {v.line()}")
         print(flush=True)

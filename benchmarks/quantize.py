@@ -1,4 +1,4 @@
-"""Blockwise quantization (int8, fp8_e4m3, int4, int2) against the machine's copy rate, with its error and size.
+"""Blockwise quantization (int8, fp8_e4m3, int4, int2) and sparse top-k against the copy rate, with error and size.
 
     python -m benchmarks.quantize [--mb 256] [--repeat 3] [--block 128] [--threads N] [--json PATH]
 
@@ -6,7 +6,9 @@ One fp32 tensor of ``--mb`` MB of Gaussian values. For each format of
 :mod:`gradientmail.backends.quantize` it times, ``--repeat`` runs each:
 
 * quantize: ``quantize(x, codec)`` (codes and per-block scales from the fp32 tensor);
-* dequantize: ``dequantize(codes, scales, codec, shape)`` (a fresh fp32 tensor back).
+* dequantize: ``dequantize(codes, scales, codec, shape)`` (a fresh fp32 tensor back);
+* and for each ``--sparse`` codec (``backends/sparse.py``, default ``top64of4096/int2``) its
+  ``sparsify`` (offsets, codes, scales) and ``densify`` (the fresh fp32 tensor), in those rows.
 
 Throughput is bytes of fp32 tensor per second (read by quantize, written by dequantize), and
 each run is divided by the copy rate from the tensor into a reused buffer of its size, as in
@@ -35,6 +37,7 @@ from benchmarks.targets import at_least, judged, verdict
 from benchmarks.timing import against_copy, best_of, copy_threads, save_result
 from gradientmail.backends import kernels
 from gradientmail.backends.quantize import DEFAULT_BLOCK, FORMATS, Codec, dequantize, quantize
+from gradientmail.backends.sparse import SparseCodec, densify, sparsify
 
 ROOT = Path(__file__).resolve().parent.parent
 MB = 1 << 20
@@ -74,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--block", type=int, default=DEFAULT_BLOCK, help=f"elements per scale (default {DEFAULT_BLOCK})")
     parser.add_argument("--threads", type=int, default=None, help="kernel threads (default: the CPUs, at most 8)")
+    parser.add_argument(
+        "--sparse", default="top64of4096/int2", help="sparse codecs too, comma-separated (backends/sparse.py); '' for none"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.threads is not None:
@@ -81,20 +87,27 @@ def main(argv: list[str] | None = None) -> int:
     threads = kernels.kernel_threads()
     elements = int(args.mb * MB) // 4
     x = np.random.default_rng(0).standard_normal(elements, dtype=np.float32)
-    codecs = [Codec(form, args.block) for form in FORMATS]  # type: ignore[arg-type]
-    encoded = {codec.format: quantize(x, codec) for codec in codecs}
+    codecs: list[Codec | SparseCodec] = [Codec(form, args.block) for form in FORMATS]  # type: ignore[arg-type]
+    codecs += [SparseCodec.parse(name) for name in args.sparse.split(",") if name]
     quality = {}
     norm = float(np.linalg.norm(x.astype(np.float64)))
-    for codec in codecs:
-        deq = dequantize(*encoded[codec.format], codec, x.shape)
-        error = float(np.linalg.norm(x.astype(np.float64) - deq)) / norm
-        quality[codec.format] = {"relative_error": error, "bytes_per_element": codec.nbytes(elements) / elements}
-        del deq
     ops: list[tuple[str, str, Callable[[], Any]]] = []
     for codec in codecs:
-        codes, scales = encoded[codec.format]
-        ops.append((codec.format, "quantize", functools.partial(quantize, x, codec)))
-        ops.append((codec.format, "dequantize", functools.partial(dequantize, codes, scales, codec, x.shape)))
+        label = codec.name if isinstance(codec, SparseCodec) else codec.format
+        encode: Callable[[], Any]
+        decode: Callable[[], np.ndarray]
+        if isinstance(codec, SparseCodec):
+            parts = sparsify(x, codec)
+            encode, decode = functools.partial(sparsify, x, codec), functools.partial(densify, *parts, codec, x.shape)
+        else:
+            codes, scales = quantize(x, codec)
+            encode, decode = functools.partial(quantize, x, codec), functools.partial(dequantize, codes, scales, codec, x.shape)
+        deq = decode()
+        error = float(np.linalg.norm(x.astype(np.float64) - deq)) / norm
+        quality[label] = {"relative_error": error, "bytes_per_element": codec.nbytes(elements) / elements}
+        del deq
+        ops.append((label, "quantize", encode))
+        ops.append((label, "dequantize", decode))
     results = measure(ops, x, args.repeat)
     rate = statistics.median(r["copy_bytes_per_s"] for r in results)
     single = statistics.median(r["single_copy_bytes_per_s"] for r in results)
@@ -112,13 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         f"into a fresh buffer (first-touch page faults, as dequantize's new tensor pays): {fresh / 1e9:.2f} GB/s "
         f"({fresh / rate:.2f}× the copy; information)\n"
     )
-    header = f"{'format':9} {'operation':10} {'seconds':>8} {'GB/s fp32':>9} {'× copy':>7} {'× 1-thread':>10}"
+    header = f"{'format':17} {'operation':10} {'seconds':>8} {'GB/s fp32':>9} {'× copy':>7} {'× 1-thread':>10}"
     print(header)
     print("-" * len(header))
     verdicts = []
     for r in results:
         print(
-            f"{r['format']:9} {r['operation']:10} {r['seconds']:8.4f} {r['gb_per_s']:9.2f} {r['ratio_to_copy']:7.2f} "
+            f"{r['format']:17} {r['operation']:10} {r['seconds']:8.4f} {r['gb_per_s']:9.2f} {r['ratio_to_copy']:7.2f} "
             f"{r['ratio_to_single_copy']:10.2f}"
         )
         verdicts.append(
@@ -131,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                 operation=r["operation"],
             )
         )
-    print(f"\n{'format':9} {'‖x − deq‖/‖x‖':>14} {'bytes/element':>14}")
+    print(f"\n{'format':17} {'‖x − deq‖/‖x‖':>14} {'bytes/element':>14}")
     for form, q in quality.items():
-        print(f"{form:9} {q['relative_error']:14.3e} {q['bytes_per_element']:14.4f}")
+        print(f"{form:17} {q['relative_error']:14.3e} {q['bytes_per_element']:14.4f}")
     print()
     for v in verdicts:
         print(v.line("{:.2f}×"))

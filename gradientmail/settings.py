@@ -27,6 +27,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
 from gradientmail.algorithms.diloco import DiLoCo, GraceRule
+from gradientmail.algorithms.fragments import FragmentLayout
 from gradientmail.algorithms.merge import IsoC, Merge, MergeArithmetic, Rda, WeightedMean
 from gradientmail.algorithms.outer import MomentumRule
 from gradientmail.backends.quantize import QuantFormat
@@ -90,6 +91,10 @@ class NodeSettings(BaseSettings):
     """Local steps between two exchanges of the same fragment (H). Run-wide."""
     fragments: int = _ALGORITHM["fragments"].default
     """Fragments the model is split into (P), exchanged staggered across ``sync_every``. Run-wide."""
+    global_batch_size: int | None = _ALGORITHM["global_batch_size"].default
+    """A batch the live learners share (each reads its part from ``Session.batch_size``). Run-wide."""
+    fragment_layout: FragmentLayout = _ALGORITHM["fragment_layout"].default
+    """``by_bytes`` (balanced) or ``strided`` (numbered blocks dealt round the fragments). Run-wide."""
     merge: Literal["rda", "weighted_mean", "iso_c"] = "rda"
     """How the syncer merges accepted deltas: ``rda``, ``weighted_mean`` or ``iso_c``. Run-wide."""
     direct_pattern: str | None = Rda.model_fields["direct_pattern"].default
@@ -130,8 +135,13 @@ class NodeSettings(BaseSettings):
     """Commits also publish their change in this form; learners one version behind fetch it. Run-wide."""
     quantization_block: int = _ALGORITHM["quantization_block"].default
     """Elements per fp32 scale in the quantized forms. Run-wide."""
+    delta_sparsity: float | None = _ALGORITHM["delta_sparsity"].default
+    """Share of each chunk a published delta carries (its largest magnitudes, e.g. 0.015625);
+    unset: dense. Run-wide."""
+    sparsity_chunk: int = _ALGORITHM["sparsity_chunk"].default
+    """Elements per chunk of ``delta_sparsity`` (a power of two, at most 65536). Run-wide."""
     error_feedback: bool = _ALGORITHM["error_feedback"].default
-    """With ``delta_quantization``: carry what the codes could not send into the next contribution."""
+    """With ``delta_quantization`` or ``delta_sparsity``: carry what did not travel into the next contribution."""
     grace_gamma: float = _ALGORITHM["grace_gamma"].default
     """Share of the slack a round's grace window may spend (γ). Run-wide."""
     grace_tau: float = _ALGORITHM["grace_tau"].default

@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--run-key", default=None, help="sign the run's records with this key")
     parser.add_argument("--role", choices=["both", "learner", "either"], default="both")
+    parser.add_argument(
+        "--global-batch", type=int, default=None, help="the run's global_batch_size; steps take session.batch_size"
+    )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
     if args.metrics_port is not None:
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
         overlap_steps=args.overlap_steps,
         flush_on_close=args.flush,
         carry_unmerged=args.carry,
+        global_batch_size=args.global_batch,
     )
     if args.merge == "local_sgd":
         algorithm = gm.DiLoCo.local_sgd(**settings)
@@ -122,12 +126,16 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(0.02)
         joined = dict(session.versions)
         print(json.dumps({"event": "joined", "learner": args.learner_id, "versions": joined}), flush=True)
+        batch = None
         for step in range(args.steps):
+            if args.global_batch is not None and session.batch_size != batch:
+                batch = session.batch_size
+                print(json.dumps({"event": "batch", "learner": args.learner_id, "step": step, "batch": batch}), flush=True)
             current = {n: backend.to_numpy(backend.to_fp32(t)) for n, t in backend.named_parameters(model)}
             noise = {n: 0.01 * rng.standard_normal(SHAPES[n]).astype(np.float32) for n in SHAPES}
             updated = {n: current[n] - 0.05 * (current[n] - target[n]) + noise[n] for n in SHAPES}
             backend.write_parameters(model, {n: backend.from_numpy(v) for n, v in updated.items()})
-            session.step(samples=args.batch)
+            session.step(samples=batch if batch is not None else args.batch)
             session.report(loss=float(np.mean([np.mean((updated[n] - target[n]) ** 2) for n in SHAPES])))
             if step % 10 == 0:
                 print(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from gradientmail.algorithms.config_base import FrozenConfig
+from gradientmail.algorithms.fragments import FragmentLayout
 from gradientmail.algorithms.merge import (
     ISO_C_OUTER_LR,
     ISO_C_OUTER_MOMENTUM,
@@ -29,6 +30,7 @@ from gradientmail.algorithms.merge import (
 from gradientmail.algorithms.outer import MomentumRule, NesterovOuter
 from gradientmail.backends.payload import FLOAT_DTYPES
 from gradientmail.backends.quantize import DEFAULT_BLOCK, Codec, QuantFormat
+from gradientmail.backends.sparse import DEFAULT_CHUNK, SparseCodec
 
 __all__ = ["DiLoCo", "Rda", "WeightedMean", "IsoC", "weight", "weighted_mean", "rda", "merge_tensors", "RUN_FIELDS"]
 
@@ -38,6 +40,8 @@ GraceRule = Literal["slack", "arrivals", "live"]
 RUN_FIELDS = (
     "sync_every",
     "fragments",
+    "fragment_layout",
+    "global_batch_size",
     "merge",
     "outer_lr",
     "outer_momentum",
@@ -47,6 +51,8 @@ RUN_FIELDS = (
     "delta_quantization",
     "update_quantization",
     "quantization_block",
+    "delta_sparsity",
+    "sparsity_chunk",
     "grace_gamma",
     "grace_tau",
     "grace_max_s",
@@ -73,6 +79,13 @@ class DiLoCo(FrozenConfig):
     """Nominal local steps between two exchanges of the same fragment (H)."""
     fragments: int = Field(default=1, gt=0)
     """Number of fragments (P), exchanged staggered across ``sync_every``."""
+    global_batch_size: int | None = Field(default=None, gt=0)
+    """A batch the live learners share (``Session.batch_size`` is each one's part, following
+    the count of training learners as they join and leave); None: each learner chooses its own."""
+    fragment_layout: FragmentLayout = "by_bytes"
+    """How parameters are grouped into the fragments: ``by_bytes`` (balanced bin packing,
+    Decoupled DiLoCo's) or ``strided`` (the model's numbered blocks dealt round the fragments,
+    block j to fragment j mod P: Streaming DiLoCo's). The plan is recorded in the manifest."""
     merge: MergeConfig = Field(default_factory=Rda)
     """How the syncer merges accepted deltas: ``Rda()`` (default), ``WeightedMean()`` or ``IsoC()``."""
     outer_lr: float = Field(default=0.7, gt=0)
@@ -131,9 +144,18 @@ class DiLoCo(FrozenConfig):
     the very bytes committed, and checks them against the record's checksum."""
     quantization_block: int = Field(default=DEFAULT_BLOCK, gt=0)
     """Elements per fp32 scale in both quantized forms (a multiple of 8 dividing 262144)."""
+    delta_sparsity: float | None = Field(default=None, gt=0, lt=1)
+    """Share of each ``sparsity_chunk`` elements a published delta carries: the chunk's
+    largest magnitudes, their values quantized as ``delta_quantization`` (``int2`` when unset)
+    with one fp32 scale per chunk (SparseLoCo's wire form, ``backends/sparse.py``); the syncer
+    merges them dense in fp32. ``sparsity_chunk × delta_sparsity`` must be a power of two ≥ 8
+    (1/64 of 4096: 64). None: deltas travel dense."""
+    sparsity_chunk: int = Field(default=DEFAULT_CHUNK, gt=0)
+    """Elements per chunk of ``delta_sparsity`` (a power of two, at most 65 536)."""
     error_feedback: bool = True
-    """With ``delta_quantization``: what a merged contribution's codes could not carry is added
-    to the learner's next contribution of that fragment (dropped when the work was not merged)."""
+    """With ``delta_quantization`` or ``delta_sparsity``: what a merged contribution's codes
+    could not carry (the rounding, and the elements a sparse one left out) is added to the
+    learner's next contribution of that fragment (dropped when the work was not merged)."""
     grace_gamma: float = Field(default=0.5, ge=0, le=1)
     """γ: share of the slack a grace window may spend."""
     grace_tau: float = Field(default=4.0, ge=0)
@@ -191,9 +213,28 @@ class DiLoCo(FrozenConfig):
             raise ValueError("delta_dtype and delta_quantization are alternatives: set one")
         return value
 
+    @model_validator(mode="after")
+    def _sparsity_codec(self) -> DiLoCo:
+        """The sparse codec's rules (``backends/sparse.py``) say what is wrong with the pair."""
+        if self.delta_sparsity is not None:
+            if self.delta_dtype is not None:
+                raise ValueError("delta_dtype and delta_sparsity are alternatives: set one")
+            k = self.sparsity_chunk * self.delta_sparsity
+            if k != int(k):
+                raise ValueError(
+                    f"delta_sparsity × sparsity_chunk must be a whole number of elements, got {k:g}; "
+                    f"with sparsity_chunk={self.sparsity_chunk}, e.g. {64 / self.sparsity_chunk:g} (64 of each chunk)"
+                )
+            self.delta_codec  # noqa: B018 - raises ValueError naming the rule broken
+        return self
+
     @property
-    def delta_codec(self) -> Codec | None:
-        """How contributions travel when quantized; None when they travel as floats."""
+    def delta_codec(self) -> Codec | SparseCodec | None:
+        """How contributions travel: sparse (``delta_sparsity``), quantized
+        (``delta_quantization``), or None when they travel as floats."""
+        if self.delta_sparsity is not None:
+            k = round(self.sparsity_chunk * self.delta_sparsity)
+            return SparseCodec(k, self.sparsity_chunk, self.delta_quantization or "int2")
         return Codec(self.delta_quantization, self.quantization_block) if self.delta_quantization else None
 
     @property

@@ -1,10 +1,14 @@
 """The fragment plan (which parameters travel together) and the staggered schedule.
 
-Plan: greedy largest-first bin packing of whole tensors into ``fragments`` groups
-(the "balanced" strategy of Decoupled DiLoCo), deterministic: ties go to the earlier
-parameter and the lower-numbered fragment. Each fragment lists its parameters in model
-order, and fragments are numbered by the model position of their first parameter, so the
-plan reads in model order.
+Plan, ``by_bytes`` (the default): greedy largest-first bin packing of whole tensors into
+``fragments`` groups (the "balanced" strategy of Decoupled DiLoCo), deterministic: ties go to the
+earlier parameter and the lower-numbered fragment. ``strided`` (Streaming DiLoCo's layout): the
+model's numbered blocks (``layers.3.``, ``h.3.``: the first numeric component of a name, per
+stack) are dealt round the fragments in model order, block j to fragment j mod P, so every
+fragment spans the depth of the network; the parameters outside any block (embeddings, the
+final norm, the head) then go largest first to the lightest fragment. Either way each fragment
+lists its parameters in model order, and fragments are numbered by the model position of their
+first parameter, so the plan reads in model order.
 
 Schedule: fragment p of P (0-based) is due at local steps t > 0 with
 t ≡ ⌊(p + 1)·H / P⌋ (mod H), H = sync_every. With H = 100 and P = 8 that is steps 12, 25,
@@ -14,8 +18,10 @@ column at 100, 200, ….
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 from gradientmail.errors import InvalidConfig
 
@@ -37,8 +43,25 @@ class FragmentPlan:
         return cls(tuple(tuple(names) for names in form))
 
 
-def plan_fragments(sizes: Sequence[tuple[str, int]], fragments: int) -> FragmentPlan:
-    """Split named parameters (name, element count) in model order into balanced groups."""
+FragmentLayout = Literal["by_bytes", "strided"]
+"""How parameters are grouped into fragments (``DiLoCo.fragment_layout``)."""
+LAYOUTS: tuple[str, ...] = get_args(FragmentLayout)
+_BLOCK = re.compile(r"^(.*?)(?:^|\.)(\d+)(?:\.|$)")
+"""The stack (the name before it) and index of a parameter's first numeric component."""
+
+
+def block_of(name: str) -> tuple[str, int] | None:
+    """The numbered block a parameter belongs to (``("model.layers", 3)`` for
+    ``model.layers.3.mlp.weight``), None outside any."""
+    found = _BLOCK.match(name)
+    return (found.group(1), int(found.group(2))) if found else None
+
+
+def plan_fragments(sizes: Sequence[tuple[str, int]], fragments: int, layout: str = "by_bytes") -> FragmentPlan:
+    """Split named parameters (name, element count) in model order into ``fragments`` groups,
+    ``by_bytes`` (balanced) or ``strided`` (blocks dealt round the fragments)."""
+    if layout not in LAYOUTS:
+        raise InvalidConfig("fragment_layout", f"must be one of {list(LAYOUTS)}, got {layout!r}")
     if fragments < 1:
         raise InvalidConfig("fragments", f"must be at least 1, got {fragments}")
     if fragments > len(sizes):
@@ -46,10 +69,13 @@ def plan_fragments(sizes: Sequence[tuple[str, int]], fragments: int) -> Fragment
     names = [name for name, _ in sizes]
     if len(set(names)) != len(names):
         raise ValueError("parameter names must be unique")
-    # largest first; a stable sort keeps model order among equal sizes
-    order = sorted(range(len(sizes)), key=lambda i: -sizes[i][1])
     loads = [0] * fragments
     members: list[list[int]] = [[] for _ in range(fragments)]
+    rest = list(range(len(sizes)))
+    if layout == "strided":
+        rest = _deal_blocks(names, sizes, fragments, loads, members)
+    # largest first; a stable sort keeps model order among equal sizes
+    order = sorted(rest, key=lambda i: -sizes[i][1])
     for index in order:
         # emptiest bin by (load, member count, bin number): every bin gets a tensor
         target = min(range(fragments), key=lambda b: (loads[b], len(members[b]), b))
@@ -57,6 +83,30 @@ def plan_fragments(sizes: Sequence[tuple[str, int]], fragments: int) -> Fragment
         members[target].append(index)
     groups = sorted((sorted(m) for m in members), key=lambda m: m[0])
     return FragmentPlan(tuple(tuple(names[i] for i in group) for group in groups))
+
+
+def _deal_blocks(
+    names: list[str], sizes: Sequence[tuple[str, int]], fragments: int, loads: list[int], members: list[list[int]]
+) -> list[int]:
+    """Deal the numbered blocks round the fragments (block j, in model order, to fragment j mod
+    P) into ``members``/``loads``; return the parameters outside any block."""
+    blocks: dict[tuple[str, int], int] = {}
+    rest = []
+    for index, name in enumerate(names):
+        block = block_of(name)
+        if block is None:
+            rest.append(index)
+            continue
+        target = blocks.setdefault(block, len(blocks) % fragments)
+        members[target].append(index)
+        loads[target] += sizes[index][1]
+    if len(blocks) < fragments:
+        raise InvalidConfig(
+            "fragment_layout",
+            f"'strided' deals numbered blocks (names like 'layers.3.') round the fragments: {fragments} fragments "
+            f"need at least {fragments} blocks, the model has {len(blocks)}; use 'by_bytes'",
+        )
+    return rest
 
 
 def exchange_offset(fragment: int, fragments: int, sync_every: int) -> int:

@@ -36,7 +36,8 @@ from gradientmail.algorithms import align
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.schedule import look_interval
 from gradientmail.backends.quantize import quantize, quantize_with_feedback
-from gradientmail.backends.quantized_payload import encode_parts
+from gradientmail.backends.quantized_payload import encode_parts, encode_sparse_parts
+from gradientmail.backends.sparse import SparseCodec, sparsify_with_feedback
 from gradientmail.errors import CorruptPayload, DuplicateLearner, GradientMailError, IncompatiblePayload, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, RoundRecord
@@ -250,6 +251,15 @@ class Exchange:
 
     def _awaiting(self) -> list[int]:
         return [fragment.index for fragment in self._fragments if fragment.awaiting]
+
+    def live_learners(self) -> int | None:
+        """The learners training in the run as the elected syncer counts them: its bulletin's
+        (this node's own while it holds the election, else the one its watch read last); None
+        before any bulletin was read."""
+        own = self._own_bulletin()
+        noted = self._noted
+        bulletin = own if own is not None else noted[0] if noted is not None else None
+        return bulletin.live if bulletin is not None else None
 
     def note_syncer_lease(self, found: LeaseRead | None) -> None:
         """The syncer lease as this node's election watch just read it (on the election thread):
@@ -483,20 +493,31 @@ class Exchange:
         """The quantized payload of ``delta``; with error feedback, plus the residual of the
         fragment's previous contribution when its round merged it (else that residual belongs to
         work the carry already re-sends, or that was dropped: it is dropped too)."""
-        assert self._codec is not None
+        codec = self._codec
+        assert codec is not None
         previous, fragment.residual = fragment.residual, None
         carried = previous.arrays if previous is not None and previous.merged else {}
-        parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         left: dict[str, np.ndarray] = {}
-        for name, value in delta.items():
-            if self._feedback:
-                codes, scales, left[name] = quantize_with_feedback(value, carried.get(name), self._codec)
-            else:
-                codes, scales = quantize(value, self._codec)
-            parts[name] = (codes, scales)
+        if isinstance(codec, SparseCodec):
+            sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+            for name, value in delta.items():
+                residual = carried.get(name) if self._feedback else None
+                offsets, codes, scales, rest = sparsify_with_feedback(value, residual, codec)
+                sparse[name] = (offsets, codes, scales)
+                left[name] = rest
+            data = encode_sparse_parts(sparse, codec)
+        else:
+            parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+            for name, value in delta.items():
+                if self._feedback:
+                    codes, scales, left[name] = quantize_with_feedback(value, carried.get(name), codec)
+                else:
+                    codes, scales = quantize(value, codec)
+                parts[name] = (codes, scales)
+            data = encode_parts(parts, codec)
         if self._feedback:
             fragment.residual = Residual(anchor_version, left)
-        return encode_parts(parts, self._codec)
+        return data
 
     def _settle_residual(self, fragment: LearnerFragment, known: int, ours: bool) -> None:
         """A commit built on ``known`` arrived: the residual of a contribution against ``known``

@@ -67,7 +67,7 @@ class RunProposal:
 def proposed_manifest(backend: Backend, model: Any, proposal: RunProposal, learner_id: str, key_id: str | None) -> Manifest:
     signature = model_signature(backend, model)
     sizes = [(spec.name, spec.numel) for spec in signature]
-    plan = plan_fragments(sizes, proposal.algorithm.fragments)
+    plan = plan_fragments(sizes, proposal.algorithm.fragments, proposal.algorithm.fragment_layout)
     return Manifest(
         run_id=uuid.uuid4().hex,
         algorithm=proposal.algorithm.to_manifest(),

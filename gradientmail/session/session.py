@@ -409,6 +409,20 @@ class Session:
             self._state.save(self._run_id, self.total_steps, self._checkpointed, self._queue_marks)
 
     @property
+    def batch_size(self) -> int | None:
+        """This learner's part of ``DiLoCo.global_batch_size``: ⌈global ÷ training learners⌉,
+        the count the elected syncer last announced in its bulletin (this learner alone until one
+        is read), so the parts follow learners as they join and leave (docs/session.md, "A global
+        batch"). Read it where a batch is drawn. None when the run sets no global batch, and on
+        the follower ranks of a torchrun learner (rank 0's is the learner's part, theirs to split)."""
+        total = self.algorithm.global_batch_size
+        if total is None or self._following:
+            return None
+        run = self._run
+        live = run.loops.exchange.live_learners() if run is not None and run.open else None
+        return -(-total // max(1, live or 1))
+
+    @property
     def total_steps(self) -> int:
         """Steps this learner trained in the run, across restarts that resumed (``state_dir``):
         what to index data and schedules by."""

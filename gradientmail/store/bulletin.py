@@ -30,6 +30,7 @@ UNKNOWN_HEAD = -1
 
 _HEADS = "heads"
 _OPEN = "open"
+_LIVE = "live"
 _MAX_FRAGMENTS = 4096
 """More fragments than a bulletin carries (a run's plan has far fewer): such a bulletin is ignored."""
 
@@ -53,6 +54,9 @@ class RoundsBulletin:
     """The newest version of each fragment, ``UNKNOWN_HEAD`` where not loaded yet."""
     open: Mapping[int, OpenRoundNote] = field(default_factory=dict)
     """Fragment → the round open on it with at least one accepted contribution."""
+    live: int | None = None
+    """The learners training, as the syncer counts their leases (None: not said): what
+    ``DiLoCo.global_batch_size`` is shared among."""
 
     def to_info(self) -> dict[str, Any]:
         """The lease ``info`` entries that carry this bulletin."""
@@ -62,6 +66,7 @@ class RoundsBulletin:
                 [fragment, note.base_version, note.accepted, None if note.closes_in_s is None else round(note.closes_in_s, 3)]
                 for fragment, note in sorted(self.open.items())
             ],
+            **({_LIVE: self.live} if self.live is not None else {}),
         }
 
     @classmethod
@@ -85,7 +90,8 @@ class RoundsBulletin:
             if closes_in is not None and not _seconds(closes_in):
                 return None
             opened[fragment] = OpenRoundNote(base, accepted, None if closes_in is None else float(closes_in))
-        return cls(tuple(heads), opened)
+        live = lease.info.get(_LIVE)
+        return cls(tuple(heads), opened, live if _ints([live], minimum=0) else None)
 
 
 def _ints(value: object, *, minimum: int) -> TypeGuard[list[int]]:

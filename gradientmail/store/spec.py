@@ -69,8 +69,8 @@ class RunSpec:
 
     def delta_dtype(self, name: str) -> str:
         """The dtype parameter ``name``'s deltas are computed in before they travel: ``delta_dtype``
-        or its own; float32 when they are quantized (the codes are taken from fp32)."""
-        if self.algorithm.delta_quantization is not None:
+        or its own; float32 when they are quantized or sparse (the codes are taken from fp32)."""
+        if self.algorithm.delta_codec is not None:
             return "float32"
         return self.algorithm.delta_dtype or self.parameters[name].dtype
 

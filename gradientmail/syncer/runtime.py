@@ -418,7 +418,7 @@ class SyncerRuntime:
                 closes_at = None if current.quorum_at is None else current.quorum_at + current.grace_s
                 closes_in = None if closes_at is None else max(0.0, closes_at - now)
                 opened[fragment] = OpenRoundNote(current.base_version, len(current.accepted), closes_in)
-        return RoundsBulletin(heads, opened)
+        return RoundsBulletin(heads, opened, live=len(self.training_learners()))
 
     def _announce(self) -> None:
         """The bulletin changed (a commit, a round opened or reached quorum): renew the lease soon."""
