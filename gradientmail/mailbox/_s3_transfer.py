@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import hashlib
 import io
 import math
 import random
@@ -124,10 +123,7 @@ class PayloadDigest:
     def digest(self) -> bytes:
         if self._digest is None:
             data = self._data
-            hasher = hashlib.sha256()
-            for piece in data.pieces if isinstance(data, Gathered) else (data,):
-                hasher.update(piece)  # hashlib releases the GIL: the parts keep streaming
-            self._digest = hasher.digest()
+            self._digest = (data if isinstance(data, Gathered) else Gathered([data])).digest()
         return self._digest
 
     def hex(self) -> str:

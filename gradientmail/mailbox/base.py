@@ -57,12 +57,17 @@ class Gathered:
         """The payload as one ``bytes`` (one copy), for a store that cannot write pieces."""
         return b"".join(self._pieces)
 
-    def sha256(self) -> str:
-        """The hex sha256 of the concatenation, fed piece by piece."""
-        digest = hashlib.sha256()
+    def digest(self) -> bytes:
+        """The sha256 of the concatenation, fed piece by piece (hashlib releases the GIL: parts
+        sent meanwhile keep going)."""
+        hasher = hashlib.sha256()
         for piece in self._pieces:
-            digest.update(piece)
-        return digest.hexdigest()
+            hasher.update(piece)
+        return hasher.digest()
+
+    def sha256(self) -> str:
+        """:meth:`digest` in hex, as records name it."""
+        return self.digest().hex()
 
 
 def joined(data: bytes | Gathered) -> bytes:

@@ -49,8 +49,8 @@ def align(
         RunConfigMismatch: the model's parameters differ from the run's (each difference named),
             or the run key does not match the run's.
     """
-    chosen: Backend = get_backend(backend) if isinstance(backend, str) else backend or backend_for(unwrap_model(model))
     model = unwrap_model(model)
+    chosen: Backend = get_backend(backend) if isinstance(backend, str) else backend or backend_for(model)
     box = open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox
     try:
         store = RunStore(box, RunKey.given(run_key))

@@ -37,7 +37,7 @@ from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.algorithms.schedule import look_interval
 from gradientmail.backends.quantize import quantize, quantize_with_feedback
 from gradientmail.backends.quantized_payload import encode_parts, encode_sparse_parts
-from gradientmail.backends.sparse import SparseCodec, sparsify_with_feedback
+from gradientmail.backends.sparse import SparseCodec, sparsify, sparsify_with_feedback
 from gradientmail.errors import CorruptPayload, DuplicateLearner, GradientMailError, IncompatiblePayload, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, RoundRecord
@@ -501,10 +501,11 @@ class Exchange:
         if isinstance(codec, SparseCodec):
             sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
             for name, value in delta.items():
-                residual = carried.get(name) if self._feedback else None
-                offsets, codes, scales, rest = sparsify_with_feedback(value, residual, codec)
-                sparse[name] = (offsets, codes, scales)
-                left[name] = rest
+                if self._feedback:
+                    offsets, codes, scales, left[name] = sparsify_with_feedback(value, carried.get(name), codec)
+                    sparse[name] = (offsets, codes, scales)
+                else:
+                    sparse[name] = sparsify(value, codec)
             data = encode_sparse_parts(sparse, codec)
         else:
             parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -549,7 +549,7 @@ class RunStore:
 
     def read_delta(self, spec: RunSpec, contribution: Contribution) -> Arrays:
         """The contribution's delta, verified against the record and the run's delta shapes;
-        dequantized to fp32 when the run quantizes deltas."""
+        dequantized (or densified) to fp32 when the run quantizes (or sparsifies) deltas."""
         codec = spec.algorithm.delta_codec
         if codec is None:
             return self.read_tensors(contribution.payload, spec.delta_specs(contribution.fragment))
