@@ -138,8 +138,11 @@ class NodeSettings(BaseSettings):
     delta_sparsity: float | None = _ALGORITHM["delta_sparsity"].default
     """Share of each chunk a published delta carries (its largest magnitudes, e.g. 0.015625);
     unset: dense. Run-wide."""
+    update_sparsity: float | None = _ALGORITHM["update_sparsity"].default
+    """Share of each chunk a commit's compact change carries (its largest changes); unset: no
+    sparse update. Run-wide."""
     sparsity_chunk: int = _ALGORITHM["sparsity_chunk"].default
-    """Elements per chunk of ``delta_sparsity`` (a power of two, at most 65536). Run-wide."""
+    """Elements per chunk of ``delta_sparsity`` and ``update_sparsity`` (a power of two, at most 65536). Run-wide."""
     error_feedback: bool = _ALGORITHM["error_feedback"].default
     """With ``delta_quantization`` or ``delta_sparsity``: carry what did not travel into the next contribution."""
     grace_gamma: float = _ALGORITHM["grace_gamma"].default

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 
 from gradientmail.backends import kernels
+from gradientmail.backends.compact import apply_update, compact_update
 from gradientmail.backends.kernels import KERNEL_CHUNK
 from gradientmail.backends.quantize import (
     DEFAULT_BLOCK,
     FORMATS,
     Codec,
-    apply_update,
-    compact_update,
     dequantize,
     quantize,
     quantize_with_feedback,
@@ -491,9 +490,9 @@ def test_compact_update_is_what_a_learner_rebuilds(form, dtype):
     rng = np.random.default_rng(11)
     old = rng.standard_normal((7, C // 7 + 5)).astype(np.float32).astype(dtype)
     target = old.astype(np.float32) + rng.standard_normal(old.shape).astype(np.float32) * np.float32(0.01)
-    codes, scales, committed = compact_update(old, target, codec)
+    (codes, scales), committed = compact_update(old, target, codec)
     assert committed.dtype == old.dtype and committed.shape == old.shape
-    rebuilt = apply_update(old, codes, scales, codec)
+    rebuilt = apply_update(old, (codes, scales), codec)
     assert rebuilt.dtype == old.dtype and rebuilt.tobytes() == committed.tobytes()
     update = dequantize(codes, scales, codec, old.shape)
     assert (old.astype(np.float32) + update).astype(dtype).tobytes() == committed.tobytes()

@@ -52,6 +52,7 @@ RUN_FIELDS = (
     "update_quantization",
     "quantization_block",
     "delta_sparsity",
+    "update_sparsity",
     "sparsity_chunk",
     "grace_gamma",
     "grace_tau",
@@ -150,8 +151,18 @@ class DiLoCo(FrozenConfig):
     with one fp32 scale per chunk (SparseLoCo's wire form, ``backends/sparse.py``); the syncer
     merges them dense in fp32. ``sparsity_chunk × delta_sparsity`` must be a power of two ≥ 8
     (1/64 of 4096: 64). None: deltas travel dense."""
+    update_sparsity: float | None = Field(default=None, gt=0, lt=1)
+    """Each commit also publishes its change from the previous version sparse: of every
+    ``sparsity_chunk`` elements this share of the largest changes, their values quantized as
+    ``update_quantization`` (``int4`` when unset), and a learner one version behind fetches that
+    instead of the parameters. As with ``update_quantization`` the committed parameters are
+    *defined* as the previous ones plus that change; what did not travel stays in the syncer's
+    fp32 master and joins the next commit's change. With sparse deltas and SparseLoCo's plain
+    outer step (``outer_lr=1, outer_momentum=0``) a commit changes only the union of the merged
+    deltas' elements: ``update_sparsity = M × delta_sparsity`` carries all of it for M
+    contributions a round (docs/algorithms.md, "Sparse commits"). None: no sparse update."""
     sparsity_chunk: int = Field(default=DEFAULT_CHUNK, gt=0)
-    """Elements per chunk of ``delta_sparsity`` (a power of two, at most 65 536)."""
+    """Elements per chunk of ``delta_sparsity`` and ``update_sparsity`` (a power of two, at most 65 536)."""
     error_feedback: bool = True
     """With ``delta_quantization`` or ``delta_sparsity``: what a merged contribution's codes
     could not carry (the rounding, and the elements a sparse one left out) is added to the
@@ -216,16 +227,21 @@ class DiLoCo(FrozenConfig):
     @model_validator(mode="after")
     def _sparsity_codec(self) -> DiLoCo:
         """The sparse codec's rules (``backends/sparse.py``) say what is wrong with the pair."""
-        if self.delta_sparsity is not None:
-            if self.delta_dtype is not None:
-                raise ValueError("delta_dtype and delta_sparsity are alternatives: set one")
-            k = self.sparsity_chunk * self.delta_sparsity
-            if k != int(k):
+        if self.delta_sparsity is not None and self.delta_dtype is not None:
+            raise ValueError("delta_dtype and delta_sparsity are alternatives: set one")
+        for name, codec in (("delta_sparsity", "delta_codec"), ("update_sparsity", "update_codec")):
+            share = getattr(self, name)
+            if share is None:
+                continue
+            if self.sparsity_chunk * share != int(self.sparsity_chunk * share):
                 raise ValueError(
-                    f"delta_sparsity × sparsity_chunk must be a whole number of elements, got {k:g}; "
+                    f"{name} × sparsity_chunk must be a whole number of elements, got {self.sparsity_chunk * share:g}; "
                     f"with sparsity_chunk={self.sparsity_chunk}, e.g. {64 / self.sparsity_chunk:g} (64 of each chunk)"
                 )
-            self.delta_codec  # noqa: B018 - raises ValueError naming the rule broken
+            try:
+                getattr(self, codec)
+            except ValueError as exc:  # the codec names the rule broken
+                raise ValueError(f"{name}={share:g} with sparsity_chunk={self.sparsity_chunk}: {exc}") from exc
         return self
 
     @property
@@ -238,8 +254,12 @@ class DiLoCo(FrozenConfig):
         return Codec(self.delta_quantization, self.quantization_block) if self.delta_quantization else None
 
     @property
-    def update_codec(self) -> Codec | None:
-        """How a commit's change from the previous version travels; None: only full parameters."""
+    def update_codec(self) -> Codec | SparseCodec | None:
+        """How a commit's change from the previous version travels: sparse (``update_sparsity``),
+        quantized (``update_quantization``), or None: only full parameters."""
+        if self.update_sparsity is not None:
+            k = round(self.sparsity_chunk * self.update_sparsity)
+            return SparseCodec(k, self.sparsity_chunk, self.update_quantization or "int4")
         return Codec(self.update_quantization, self.quantization_block) if self.update_quantization else None
 
     @field_validator("carry_unmerged")

@@ -430,21 +430,3 @@ def quantize_with_feedback(
     codes, scales = quantize(target, codec)
     left = np.subtract(target, dequantize(codes, scales, codec, target.shape), dtype=_F32)
     return codes, scales, left.reshape(np.shape(delta))
-
-
-def apply_update(old: np.ndarray, codes: np.ndarray, scales: np.ndarray, codec: Codec) -> np.ndarray:
-    """``old + dequantize(codes)`` in fp32, cast to ``old``'s dtype: how a learner one version
-    behind rebuilds a commit from its compact update, and how the syncer makes that commit, so
-    both hold the same bytes."""
-    update = dequantize(codes, scales, codec, old.shape)
-    np.add(update, old, out=update)  # fp32 + (old widened to fp32): the same IEEE sum either way
-    return update if old.dtype == _F32 else update.astype(old.dtype)
-
-
-def compact_update(old: np.ndarray, target: np.ndarray, codec: Codec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Codes and scales of ``target − old`` and the parameters they rebuild (``apply_update``),
-    which is what gets committed; ``target`` (fp32, the outer step's exact result) stays in
-    the outer state as the master copy, so the rounding never accumulates across versions."""
-    update = np.subtract(target, old, dtype=_F32)
-    codes, scales = quantize(update, codec)
-    return codes, scales, apply_update(old, codes, scales, codec)

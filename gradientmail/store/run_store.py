@@ -23,7 +23,7 @@ import numpy as np
 
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import payload, quantized_payload
-from gradientmail.backends.quantize import Codec, apply_update
+from gradientmail.backends.compact import UpdateCodec, UpdateParts, apply_update, decode_update, encode_update
 from gradientmail.errors import (
     CorruptPayload,
     GradientMailError,
@@ -155,7 +155,7 @@ class VersionDraft:
     samples_per_step_cap: float | None = None
     backend: str | None = None
     """The backend that computed the round (audit replays on it for exact bytes)."""
-    update: tuple[Codec, quantized_payload.Parts] | None = None
+    update: tuple[UpdateCodec, Mapping[str, UpdateParts]] | None = None
     """The compact form of ``params`` − version ``base_version``'s parameters, written as a
     third blob and referenced as the record's ``update``."""
     outer_momentum: float | None = None
@@ -401,8 +401,8 @@ class RunStore:
         codec = spec.algorithm.update_codec
         if codec is None or record.update is None:
             raise IncompatiblePayload(f"fragment {record.fragment} version {record.version} has no compact update")
-        parts = quantized_payload.decode_parts(self.read_blob(record.update), codec, spec.shapes(record.fragment))
-        params = {name: apply_update(np.asarray(base[name]), codes, scales, codec) for name, (codes, scales) in parts.items()}
+        parts = decode_update(self.read_blob(record.update), codec, spec.shapes(record.fragment))
+        params = {name: apply_update(np.asarray(base[name]), update, codec) for name, update in parts.items()}
         check_tensors(params, spec.param_specs(record.fragment), record.update.key)
         rebuilt = payload.encode(params)
         if len(rebuilt) != record.params.size_bytes or sha256_hex(rebuilt) != record.params.sha256:
@@ -434,7 +434,7 @@ class RunStore:
             if draft.update is not None:
                 codec, parts = draft.update
                 update_key = keys.update_blob(fragment, version, committed_by, attempt)
-                update_ref = self._put_blob(update_key, quantized_payload.encode_parts(parts, codec), hashing)
+                update_ref = self._put_blob(update_key, encode_update(parts, codec), hashing)
         algorithm = draft.algorithm
         rejected, omitted = bound_rejections(draft.rejected)
         record = RoundRecord(

@@ -3,7 +3,7 @@
 ``validate`` decides acceptance of a single contribution; ``close_round`` is the round's rule
 from the accepted contributions to what is committed: weights (samples per step capped), the
 configured merge, the outer step, the non-finite retry (a non-finite result is never
-committed: it is retried without the largest delta) and, with ``update_quantization``, the
+committed: it is retried without the largest delta) and, with ``update_quantization`` or ``update_sparsity``, the
 compact update. The live syncer commits its :class:`RoundDraft`; ``replay_round`` runs the same
 function on the participants a record lists, so a replay reproduces the committed bytes
 exactly (protocol invariant 4). ``validate`` trusts nothing it reads: whatever goes wrong inside
@@ -32,8 +32,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from gradientmail.algorithms.merge import (
     MergedDelta,
     MergeSum,
@@ -44,8 +42,7 @@ from gradientmail.algorithms.merge import (
 )
 from gradientmail.algorithms.outer import MergedWork, NesterovOuter, OuterState, round_momentum
 from gradientmail.backends import Backend, Tensor
-from gradientmail.backends.quantize import compact_update
-from gradientmail.backends.quantized_payload import Parts
+from gradientmail.backends.compact import UpdateParts, compact_update
 from gradientmail.errors import (
     ContributionRejected,
     CorruptPayload,
@@ -299,8 +296,8 @@ class RoundDraft:
     """The parameters to commit (with ``update_quantization``, the compact ones)."""
     state: OuterState
     final: bool
-    update: Parts | None
-    """The compact update's codes and scales (runs with ``update_quantization``), else None."""
+    update: Mapping[str, UpdateParts] | None
+    """The compact update's parts (runs with ``update_quantization`` or ``update_sparsity``), else None."""
     samples_per_step_cap: float | None
     non_finite: tuple[Rejection, ...] = ()
     """Contributions dropped, in order, because a merge with them was not finite."""
@@ -439,9 +436,10 @@ def outer_step(
 
 def compact_update_step(
     backend: Backend, spec: RunSpec, base: Base, params: Mapping[str, Tensor], state: OuterState
-) -> tuple[dict[str, Tensor], OuterState, Parts | None]:
-    """With ``update_quantization``: the parameters to commit are the base's plus the quantized
-    change towards the outer step's result, so a learner holding the base rebuilds them from
+) -> tuple[dict[str, Tensor], OuterState, dict[str, UpdateParts] | None]:
+    """With ``update_quantization`` or ``update_sparsity`` (``backends/compact.py``): the
+    parameters to commit are the base's plus the compact change towards the outer step's result
+    (quantized, or its largest elements), so a learner holding the base rebuilds them from
     the compact update alone; the exact result stays in the outer state as the fp32 master
     (the next outer step starts from it, so no rounding accumulates). Without it: unchanged.
     NumPy on host copies, so every backend commits the same bytes."""
@@ -449,13 +447,12 @@ def compact_update_step(
     if codec is None:
         return dict(params), state, None
     committed: dict[str, Tensor] = {}
-    parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    parts: dict[str, UpdateParts] = {}
     masters = dict(state.master)
     for name, value in params.items():
         target = state.master.get(name, value)  # fp32: the master, or the fp32 params themselves
         old = backend.to_numpy(base.params[name])
-        codes, scales, rebuilt = compact_update(old, backend.to_numpy(target), codec)
-        parts[name] = (codes, scales)
+        parts[name], rebuilt = compact_update(old, backend.to_numpy(target), codec)
         committed[name] = backend.from_numpy(rebuilt)
         masters[name] = target
     return committed, OuterState(momentum=state.momentum, master=masters), parts
