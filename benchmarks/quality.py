@@ -56,6 +56,10 @@ LR = settings.LEARNING_RATE
 EVAL_WINDOWS = 256
 ROOT = Path(__file__).resolve().parent.parent
 
+SPARSE_ARM = "sparse deltas and commits, plain step"
+"""SparseLoCo's form (docs/algorithms.md): top-64-of-4096 int2 deltas with error feedback, commits
+carrying the merged deltas' union (``update_sparsity = learners × delta_sparsity``, int4), the
+plain outer step that measured better than Nesterov with sparse deltas."""
 ARMS: dict[str, dict[str, Any]] = {
     "GradientMail defaults": {},
     "GradientMail quorum = learners": {"quorum_size": LEARNERS},
@@ -63,6 +67,7 @@ ARMS: dict[str, dict[str, Any]] = {
     "alternative: mixing 0.5, no carry": {"carry_unmerged": False, "mixing": 0.5},
     "alternative: late deltas, staleness 1": {"carry_unmerged": False, "max_staleness": 1},
     "int4 deltas and commits": {"delta_quantization": "int4", "update_quantization": "int4"},
+    SPARSE_ARM: {"delta_sparsity": 1 / 64, "update_sparsity": LEARNERS / 64, "outer_lr": 1.0, "outer_momentum": 0.0},
 }
 """DiLoCo settings of each GradientMail arm beyond sync_every and fragments=1; {} is every default."""
 
@@ -71,6 +76,10 @@ TARGET_MERGED_SHARE = 0.97
 TARGET_QUORUM_ALL_RATIO = 1.005
 TARGET_INT4_RATIO = 1.005
 """4-bit both ways within 0.5 % of the same run with fp32 deltas (the defaults arm)."""
+TARGET_SPARSE_RATIO = 1.0
+"""SparseLoCo's claim: sparse deltas end no worse than fp32 DiLoCo (the defaults arm, same seed)."""
+TARGET_SPARSE_DP_RATIO = 5000.0
+"""Sparse both ways: ≥ 5,000× fewer bytes than data-parallel at H = 100, both directions (issue 26)."""
 TARGET_DP_BYTES_RATIO = 400.0
 """Bytes moved per learner ≥ 400× fewer than data-parallel at H = 100 (Streaming DiLoCo's figure)."""
 DP_BYTES_PER_PARAM_STEP = 8.0
@@ -340,6 +349,27 @@ def targets(arms: list[Arm], syncs: dict[int, Arm]) -> list[Verdict]:
                     at_least(TARGET_DP_BYTES_RATIO),
                     setting="int4 both ways",
                     judged_at="int4 both ways",
+                )
+            )
+        sparse = [(q, fp32[q.seed]) for q in runs(SPARSE_ARM) if q.seed in fp32]
+        if sparse:
+            setting = "delta_sparsity 1/64, update_sparsity 4/64, plain step"
+            verdicts.append(
+                verdict(
+                    f"{mix}: sparse both ways ÷ fp32 deltas (the defaults, same seed) ≤ {TARGET_SPARSE_RATIO:g}",
+                    [q.val_loss / d.val_loss for q, d in sparse],
+                    at_most(TARGET_SPARSE_RATIO),
+                    setting=setting,
+                    judged_at=setting,
+                )
+            )
+            verdicts.append(
+                verdict(
+                    f"{mix}: sparse both ways, × fewer bytes than data-parallel at H = 100 ≥ {TARGET_SPARSE_DP_RATIO:.0f}",
+                    [dp_ratio(q, 100) for q, _ in sparse],
+                    at_least(TARGET_SPARSE_DP_RATIO),
+                    setting=setting,
+                    judged_at=setting,
                 )
             )
     return verdicts
