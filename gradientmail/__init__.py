@@ -38,13 +38,15 @@ from gradientmail.errors import (
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
 from gradientmail.records.auth import RunKey
-from gradientmail.session import Session, SessionEvent, SessionOptions, SyncerNode, align
+from gradientmail.session import Barrier, BarrierRelease, Session, SessionEvent, SessionOptions, SyncerNode, align
 from gradientmail.settings import NodeSettings, session_from_env
 from gradientmail.store import Retention
 
 __all__ = [
     "Session",
     "align",
+    "Barrier",
+    "BarrierRelease",
     "SessionEvent",
     "SessionOptions",
     "SyncerNode",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from gradientmail.errors import InvalidKey, KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
-from gradientmail.mailbox import FileMailbox, Mailbox, ObjectInfo, S3Mailbox, open_mailbox
+from gradientmail.mailbox import FileMailbox, Mailbox, S3Mailbox, open_mailbox
 from tests.s3_faults import GetObjectWire
 from tests.seaweedfs import S3Server
 
@@ -52,7 +53,8 @@ def test_put_overwrites_and_changes_the_token(mailbox: Mailbox) -> None:
 def test_empty_payload(mailbox: Mailbox) -> None:
     mailbox.put("empty", b"")
     assert mailbox.get("empty") == b""
-    assert mailbox.head("empty") == ObjectInfo(size=0, token=mailbox.get_versioned("empty")[1])
+    info = mailbox.head("empty")
+    assert info is not None and (info.size, info.token) == (0, mailbox.get_versioned("empty")[1])
 
 
 def test_bytearray_and_memoryview_payloads_are_stored_as_bytes(mailbox: Mailbox) -> None:
@@ -81,12 +83,32 @@ def test_missing_key(mailbox: Mailbox) -> None:
 
 def test_head_and_exists(mailbox: Mailbox) -> None:
     token = mailbox.put("dir/obj", b"12345")
-    assert mailbox.head("dir/obj") == ObjectInfo(size=5, token=token)
+    info = mailbox.head("dir/obj")
+    assert info is not None and (info.size, info.token) == (5, token)
     assert mailbox.exists("dir/obj")
     assert not mailbox.exists("dir")  # a key's parent is not itself a key
     assert mailbox.head("dir") is None
     with pytest.raises(KeyNotFound):
         mailbox.get("dir")
+
+
+def test_head_says_when_the_store_stamped_each_write(mailbox: Mailbox) -> None:
+    """Every store stamps writes with its clock (here the machine's own, the loopback server's
+    too), truncated to the resolution it states: what barriers share as a clock."""
+    for write in ("put", "create", "swap"):
+        key = f"stamped/{write}"
+        token = mailbox.put(key, b"old") if write == "swap" else None
+        before = time.time()
+        if write == "swap":
+            assert token is not None
+            mailbox.swap(key, b"new", token)
+        else:
+            getattr(mailbox, write)(key, b"new")
+        after = time.time()
+        info = mailbox.head(key)
+        assert info is not None and info.modified_at is not None
+        assert before - info.modified_resolution_s - 0.002 <= info.modified_at <= after + 0.002, (before, info, after)
+    assert mailbox.head("stamped/none") is None
 
 
 def test_delete_is_idempotent(mailbox: Mailbox) -> None:

@@ -83,6 +83,14 @@ class ObjectInfo:
     """Length of the stored payload in bytes."""
     token: str
     """Version token of the stored payload (an S3 ETag or equivalent)."""
+    modified_at: float | None = None
+    """When the stored payload was written, in seconds since the epoch on the *store's* clock
+    (S3's ``Last-Modified``, a file's mtime, a memory store's write time), truncated to
+    ``modified_resolution_s``; None from a store that does not say. Every node reads the same
+    value for the same object, which is what makes it a shared clock (``store.store_clock``)."""
+    modified_resolution_s: float = 0.0
+    """The step ``modified_at`` is truncated to: 1 s for S3 (an HTTP date), the file system's
+    timestamp granularity for a directory, 0 for memory."""
 
 
 @runtime_checkable

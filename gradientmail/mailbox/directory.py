@@ -62,6 +62,9 @@ _LOCK_STRIPES = 256
 _TEMP_MARK = ".~tmp."
 _RESERVED_CHAR = "~"
 _MISSING = (errno.ENOENT, errno.ENOTDIR, errno.EISDIR)
+MTIME_RESOLUTION_S = 0.01
+"""How coarse a file's mtime may be: Linux stamps writes from its coarse clock, truncated to the
+timer tick (at most 10 ms at HZ = 100); other systems are finer."""
 _USER_FIXABLE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTSUP, errno.EXDEV)
 
 
@@ -129,11 +132,12 @@ class FileMailbox:
             # the key is replaced meanwhile.
             with open(path, "rb") as stream:
                 size, token = stream_token(stream)
+                modified_ns = os.fstat(stream.fileno()).st_mtime_ns
         except OSError as exc:
             if exc.errno in _MISSING:
                 return None
             raise self._error(exc, "head", key) from exc
-        return ObjectInfo(size=size, token=token)
+        return ObjectInfo(size=size, token=token, modified_at=modified_ns / 1e9, modified_resolution_s=MTIME_RESOLUTION_S)
 
     def exists(self, key: str) -> bool:
         path = self._path(key)

@@ -7,6 +7,7 @@ token behaviour as on S3 (identical bytes, identical token).
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 import weakref
 
@@ -34,6 +35,8 @@ class MemoryMailbox:
 
     def __init__(self) -> None:
         self._objects: dict[str, tuple[bytes, str]] = {}
+        self._written_at: dict[str, float] = {}
+        """When each object was last written (``time.time()``: this process is the store's clock)."""
         self._lock = threading.Lock()
         with _registry_lock:
             self._name = f"anonymous-{uuid.uuid4().hex[:16]}"
@@ -85,7 +88,8 @@ class MemoryMailbox:
         validate_key(key)
         with self._lock:
             found = self._objects.get(key)
-        return None if found is None else ObjectInfo(size=len(found[0]), token=found[1])
+            written_at = self._written_at.get(key)
+        return None if found is None else ObjectInfo(size=len(found[0]), token=found[1], modified_at=written_at)
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None
@@ -96,6 +100,7 @@ class MemoryMailbox:
         token = content_token(payload)
         with self._lock:
             self._objects[key] = (payload, token)
+            self._written_at[key] = time.time()
         return token
 
     def create(self, key: str, data: bytes) -> str:
@@ -106,6 +111,7 @@ class MemoryMailbox:
             if key in self._objects:
                 raise RecordExists(f"mailbox key {key!r} already exists in {self.url}")
             self._objects[key] = (payload, token)
+            self._written_at[key] = time.time()
         return token
 
     def swap(self, key: str, data: bytes, expected_token: str) -> str:
@@ -120,6 +126,7 @@ class MemoryMailbox:
             if found[1] != expected_token:
                 raise VersionConflict(f"mailbox key {key!r} changed since its token was read")
             self._objects[key] = (payload, token)
+            self._written_at[key] = time.time()
         return token
 
     def list(self, prefix: str = "") -> list[str]:
@@ -132,6 +139,7 @@ class MemoryMailbox:
         validate_key(key)
         with self._lock:
             self._objects.pop(key, None)
+            self._written_at.pop(key, None)
 
     def close(self) -> None:
         """Nothing to release; the contents stay for other holders of the same name."""

@@ -267,7 +267,13 @@ class S3Mailbox:
         response = self._head_object(self._object_key(key))
         if response is None:
             return None
-        return ObjectInfo(size=int(response["ContentLength"]), token=str(response["ETag"]))
+        modified = response.get("LastModified")  # botocore parses the HTTP date: whole seconds
+        return ObjectInfo(
+            size=int(response["ContentLength"]),
+            token=str(response["ETag"]),
+            modified_at=modified.timestamp() if modified is not None else None,
+            modified_resolution_s=1.0,
+        )
 
     def exists(self, key: str) -> bool:
         return self.head(key) is not None

@@ -5,6 +5,7 @@ from gradientmail.records.ids import check_learner_id, default_learner_id
 from gradientmail.records.models import (
     REJECTION_REASONS,
     SCHEMA_VERSION,
+    BarrierArrival,
     Contribution,
     Head,
     LearnerStateRecord,
@@ -45,6 +46,7 @@ __all__ = [
     "QueueClaim",
     "LearnerStateRecord",
     "QueueDone",
+    "BarrierArrival",
     "check_learner_id",
     "default_learner_id",
 ]

@@ -16,6 +16,8 @@ zero-padded so lexicographic listing is numeric order. See docs/protocol.md, "Ke
     queues/{q}/done/{u:010d}.json                            create-once, the learner that finished unit u
     states/{learner}/state.json                              mutable (plain put by its learner): its saved state
     states/{learner}/{s:012d}-{a}.state                      immutable, the state saved at total step s
+    barriers/{b}/arrivals/{node}.json                        create-once, a node's arrival at barrier b
+    barriers/{b}/clock/{node}.json                           mutable (plain put by its node): store-clock probes
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ LEARNER_LEASES = "leases/learners/"
 FRAGMENTS = "fragments/"
 QUEUES = "queues/"
 STATES = "states/"
+BARRIERS = "barriers/"
 
 _ID = LEARNER_ID.pattern.removeprefix("^").removesuffix("$")  # a learner id, inside a key
 _HEAD = re.compile(r"^fragments/(\d{4})/head\.json$")
@@ -43,6 +46,7 @@ _CONTRIBUTION = re.compile(rf"^fragments/(\d{{4}})/contributions/(\d{{10}})/({_I
 _LEARNER_LEASE = re.compile(rf"^leases/learners/({_ID})\.json$")
 _QUEUE = re.compile(rf"^queues/({_ID})/(claims|done)/(\d{{10}})\.json$")
 _STATE = re.compile(rf"^states/({_ID})/(state\.json|\d{{12}}-[0-9a-f]{{1,32}}\.state)$")
+_BARRIER = re.compile(rf"^barriers/({_ID})/(arrivals|clock)/({_ID})\.json$")
 
 
 def fragment_root(fragment: int) -> str:
@@ -141,6 +145,29 @@ def learner_state_blob(learner: str, total_steps: int, attempt: str) -> str:
     return f"{learner_state_prefix(learner)}{total_steps:012d}-{_attempt(attempt)}.state"
 
 
+def barrier_prefix(barrier: str, part: str) -> str:
+    """Where the arrivals (``part="arrivals"``) or the clock probes (``"clock"``) of a barrier live."""
+    return f"{BARRIERS}{check_learner_id(barrier)}/{part}/"
+
+
+def barrier_arrival(barrier: str, node: str) -> str:
+    """The create-once record of ``node``'s arrival at ``barrier``; its store stamp is the arrival time."""
+    return f"{barrier_prefix(barrier, 'arrivals')}{check_learner_id(node)}.json"
+
+
+def barrier_clock_probe(barrier: str, node: str) -> str:
+    """The object ``node`` rewrites to sample the store's clock while it waits at ``barrier``."""
+    return f"{barrier_prefix(barrier, 'clock')}{check_learner_id(node)}.json"
+
+
+@dataclass(frozen=True)
+class BarrierKey:
+    barrier: str
+    part: str
+    """``arrivals`` or ``clock``."""
+    node: str
+
+
 @dataclass(frozen=True)
 class LearnerStateKey:
     learner: str
@@ -223,6 +250,7 @@ ParsedKey = (
     | SingletonKey
     | QueueKey
     | LearnerStateKey
+    | BarrierKey
 )
 """What a name in a run's mailbox is, by the key layout above."""
 
@@ -252,6 +280,8 @@ def parse_key(key: object) -> ParsedKey | None:
         return QueueKey(match[1], match[2], int(match[3]))
     if (match := _STATE.match(key)) is not None:
         return LearnerStateKey(match[1], match[2] != "state.json")
+    if (match := _BARRIER.match(key)) is not None:
+        return BarrierKey(match[1], match[2], match[3])
     return None
 
 

@@ -418,3 +418,17 @@ class QueueDone(Record):
     generation: int = Field(ge=1)
     """The claim generation it finished under."""
     done_at: str = Field(default_factory=utc_now)
+
+
+class BarrierArrival(Record):
+    """Create-once: ``node`` arrived at barrier ``barrier``, expecting ``parties`` nodes. The
+    store's stamp of the write (``ObjectInfo.modified_at``), not ``arrived_at``, is the arrival
+    time every node computes the release from (``session.barrier``)."""
+
+    record_type: ClassVar[str] = "barrier arrival"
+    max_bytes: ClassVar[int] = 4096
+    barrier: LearnerId
+    node: LearnerId
+    parties: int = Field(ge=1, le=100_000)
+    arrived_at: str = Field(default_factory=utc_now)
+    """The node's own clock (information only)."""

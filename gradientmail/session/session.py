@@ -25,6 +25,7 @@ from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_mailbox
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
+from gradientmail.session.barrier import Barrier, BarrierRelease
 from gradientmail.session.events import Listeners, ReportedScalars, SessionEvent
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.group import detect_group, unwrap_model
@@ -480,6 +481,16 @@ class Session:
         )
         self._queues.append(queue)
         return queue
+
+    def barrier(self, name: str, parties: int, *, timeout_s: float | None = None, **options: Any) -> BarrierRelease:
+        """Wait at barrier ``name`` until ``parties`` nodes have arrived, and return with them at
+        one instant of the store's clock (``session/barrier.py``; docs/session.md, "Barriers").
+        The session's leases and syncer keep running meanwhile. ``options``: ``gm.Barrier``'s
+        (``margin_s``, ``poll_interval_s``, ...)."""
+        run = self._run
+        if run is None or not run.open:
+            raise RuntimeError("Session.barrier() outside the session: use it inside `with gm.Session(...)`")
+        return Barrier(name, parties, store=self._store, node_id=self.learner_id, **options).wait(timeout_s)
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Save these (each with ``state_dict()``/``load_state_dict()``: optimizers, schedulers,

@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -38,6 +38,7 @@ from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.records import (
     SCHEMA_VERSION,
+    BarrierArrival,
     Contribution,
     Head,
     LearnerStateRecord,
@@ -57,6 +58,7 @@ from gradientmail.records import (
 from gradientmail.records.auth import RunKey
 from gradientmail.records.models import bound_rejections
 from gradientmail.store.spec import RunSpec, TensorShape
+from gradientmail.store.store_clock import ClockSample
 
 __all__ = [
     "Arrays",
@@ -759,6 +761,64 @@ class RunStore:
         except RecordExists:
             return False
         return True
+
+    # -- barriers --------------------------------------------------------------------
+    def arrive_at_barrier(self, arrival: BarrierArrival, clock: Callable[[], float]) -> ClockSample | None:
+        """Create ``arrival`` (create-once) and return the clock sample its write gives: ``clock()``
+        around the write and the store's stamp of it. None when the store stamps no writes, or
+        the node had arrived already (a call again after a timeout). An object squatting the
+        node's own key that is not its arrival (garbage, or unsigned in a signed run) is
+        written over: only that node writes there."""
+        location = keys.barrier_arrival(arrival.barrier, arrival.node)
+        data = self._encode(location, arrival)
+        sent = clock()
+        try:
+            self._mailbox.create(location, data)
+        except RecordExists:
+            found = self.read_barrier_arrival(arrival.barrier, arrival.node)
+            if found is not None:
+                return None
+            log.warning("barrier %s: the arrival key of %s held something else; writing over it", arrival.barrier, arrival.node)
+            self._mailbox.put(location, data)
+        return self._sample(location, sent, clock())
+
+    def probe_store_clock(self, barrier: str, node: str, clock: Callable[[], float]) -> ClockSample | None:
+        """Write ``node``'s clock probe for ``barrier`` and return the sample (None: no stamps)."""
+        location = keys.barrier_clock_probe(barrier, node)
+        sent = clock()
+        self._mailbox.put(location, b"{}")
+        return self._sample(location, sent, clock())
+
+    def _sample(self, location: str, sent: float, returned: float) -> ClockSample | None:
+        info = self._mailbox.head(location)
+        if info is None or info.modified_at is None:
+            return None
+        return ClockSample(sent, returned, info.modified_at, info.modified_resolution_s)
+
+    def barrier_nodes(self, barrier: str) -> set[str]:
+        """The nodes with an arrival listed at ``barrier`` (one LIST; not yet read or verified)."""
+        return {
+            parsed.node
+            for _, parsed in self.listed(keys.barrier_prefix(barrier, "arrivals"))
+            if isinstance(parsed, keys.BarrierKey) and parsed.barrier == barrier and parsed.part == "arrivals"
+        }
+
+    def read_barrier_arrival(self, barrier: str, node: str) -> tuple[BarrierArrival, float | None] | None:
+        """``node``'s arrival at ``barrier`` and the store's stamp of it (None: a store without
+        stamps), read and, with a run key, verified; None when there is none, or what is there is
+        not that node's arrival at that barrier (garbage, another key's, a copy of another
+        node's record), so no dropped object counts as a party."""
+        location = keys.barrier_arrival(barrier, node)
+        try:
+            arrival, _ = self._read_record(BarrierArrival, location)
+        except (KeyNotFound, InvalidRecord):
+            return None
+        if arrival.barrier != barrier or arrival.node != node:
+            return None
+        info = self._mailbox.head(location)
+        if info is None:
+            return None
+        return arrival, info.modified_at
 
     # -- learner states (state_dir="mailbox") ---------------------------------------
     def save_learner_state(self, learner: str, run_id: str, total_steps: int, data: bytes) -> None:
