@@ -111,6 +111,9 @@ class Arm:
     """(step, training loss) points for the plot."""
     seed: int = 0
     """Which data seed (``SEED_STRIDE`` apart: every batch stream of the run moves with it)."""
+    syncer_bytes_by_node: dict[str, int] = field(default_factory=dict)
+    """Bytes each committing node moved for its rounds: the merged contributions down (at the
+    run's mean contribution size) and the versions' blobs up."""
 
 
 def validation(config: GPTConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -218,18 +221,23 @@ def gradientmail_arm(
     mailbox = gm.FileMailbox(box_dir) if s3 is None else _open_s3(url, s3)
     store = RunStore(mailbox)
     spec = store.read_spec()
-    newest = store.newest_version(0)
-    assert newest is not None
-    records = [store.read_round(0, version) for version in range(1, newest + 1)]
+    fragments = range(len(spec.fragments))
+    newest = [store.newest_version(f) or 0 for f in fragments]
+    records = [store.read_round(f, version) for f in fragments for version in range(1, newest[f] + 1)]
     model = torch_gpt.GPT(config)
     backend = gm.get_backend("torch")
-    backend.write_parameters(model, {n: backend.from_numpy(a) for n, a in store.load_version(spec, 0, newest).params.items()})
+    params = {n: a for f in fragments for n, a in store.load_version(spec, f, newest[f]).params.items()}
+    backend.write_parameters(model, {n: backend.from_numpy(a) for n, a in params.items()})
     mailbox.close()
 
-    merged = sum(p.steps for r in records for p in r.participants)
-    contribution_bytes = sum(f["bytes_published"] for f in finals) / max(1, sum(f["contributions"] for f in finals))
-    syncer_bytes = sum(r.params.size_bytes + r.outer_state.size_bytes for r in records)
-    syncer_bytes += int(contribution_bytes * sum(len(r.participants) for r in records))
+    merged = sum(p.steps for r in records for p in r.participants) / len(fragments)  # every fragment merges every step
+    published = sum(f["bytes_published"] for f in finals)
+    contribution_bytes = published / max(1, sum(f["contributions"] for f in finals))  # over every fragment's
+    by_node: dict[str, int] = {}
+    for r in records:  # what its committer downloaded (the merged contributions) and uploaded (the version's blobs)
+        written = r.params.size_bytes + r.outer_state.size_bytes + (r.update.size_bytes if r.update is not None else 0)
+        by_node[r.committed_by] = by_node.get(r.committed_by, 0) + written + int(contribution_bytes * len(r.participants))
+    syncer_bytes = sum(by_node.values())
     learner_bytes = sum(f["bytes_published"] + f["bytes_fetched"] for f in finals)
     # per learner per H steps it trained (a round of data-parallel's comparison), whatever the rounds committed
     per_learner_round = sum(learner_steps) / algorithm.sync_every * sum(p.numel for p in spec.parameters.values())
@@ -239,7 +247,8 @@ def gradientmail_arm(
             by_step.setdefault(step, []).append(loss)
     return Arm(
         name, mix, torch_gpt.evaluate(model, validation(config)), wall,
-        merged_share=merged / sum(learner_steps), rounds=newest, mailbox_bytes=learner_bytes + syncer_bytes,
+        merged_share=merged / sum(learner_steps), rounds=round(float(np.mean(newest))),
+        mailbox_bytes=learner_bytes + syncer_bytes, syncer_bytes_by_node=by_node,
         stale=sum(1 for r in records for x in r.rejected if x.reason == "stale"),
         carried_steps=sum(p.carried_steps for r in records for p in r.participants),
         participants_per_round=float(np.mean([len(r.participants) for r in records])),

@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
-from gradientmail.algorithms.diloco import DiLoCo, GraceRule
+from gradientmail.algorithms.diloco import DiLoCo, GraceRule, SyncerLayout
 from gradientmail.algorithms.fragments import FragmentLayout
 from gradientmail.algorithms.merge import IsoC, Merge, MergeArithmetic, Rda, WeightedMean
 from gradientmail.algorithms.outer import MomentumRule
@@ -109,6 +109,8 @@ class NodeSettings(BaseSettings):
     """Nesterov outer learning rate. Run-wide."""
     outer_momentum: float = _ALGORITHM["outer_momentum"].default
     """Nesterov outer momentum; 0 disables it. Run-wide."""
+    syncer_layout: SyncerLayout = _ALGORITHM["syncer_layout"].default
+    """Which nodes close rounds: ``one`` (the elected syncer) or ``spread`` (fragments assigned over the nodes). Run-wide."""
     momentum_rule: MomentumRule = _ALGORITHM["momentum_rule"].default
     """β of each round: ``damped`` (scaled by the share of merged work trained on the round's base) or ``fixed``. Run-wide."""
     quorum_size: int = _ALGORITHM["quorum_size"].default

@@ -77,24 +77,29 @@ class Sim:
     """``k`` nodes of one run, their loops' passes run in due order on a fake clock: each node is
     the library's own wiring (``NodeLoops``), its threads never started."""
 
-    def __init__(self, k: int, quorum: int = 2) -> None:
+    def __init__(self, k: int, quorum: int = 2, *, fragments: int = 1, layout: str = "one") -> None:
+        """``fragments`` equal tensors ``w0``, ``w1``, … (one per fragment; ``w`` alone for one);
+        ``layout``: the run's ``syncer_layout``. Every node's lease says it runs a syncer."""
         self.clock = FakeClock()
         shared = gm.MemoryMailbox()
-        algorithm = gm.DiLoCo(sync_every=100, fragments=1, quorum_size=quorum)
+        self.shared = shared
+        algorithm = gm.DiLoCo(sync_every=100, fragments=fragments, quorum_size=quorum, syncer_layout=layout)  # type: ignore[arg-type]
         self.spec: RunSpec
-        self.spec, _ = join_run(
-            RunStore(shared), NUMPY, {"w": np.zeros(8, np.float32)}, RunProposal(algorithm, lease_ttl_s=TTL_S), "creator"
-        )
-        self.anchor = RunStore(shared).read_params(self.spec, RunStore(shared).read_round(0, 0))
+        model = {"w": np.zeros(8, np.float32)} if fragments == 1 else {f"w{i}": np.zeros(8, np.float32) for i in range(fragments)}
+        self.spec, _ = join_run(RunStore(shared), NUMPY, model, RunProposal(algorithm, lease_ttl_s=TTL_S), "creator")
+        self.anchors = [RunStore(shared).read_params(self.spec, RunStore(shared).read_round(f, 0)) for f in range(fragments)]
+        self.anchor = self.anchors[0]
         self.nodes: list[Node] = []
         for i in range(k):
             box = CountingMailbox(shared)
             node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
+            if layout == "spread":
+                node.lease_info = lambda: {"step": 0, "step_time_s": 0.0, "closes": True}
             node.loops = NodeLoops(
                 node.store,
                 self.spec,
                 node.name,
-                [LearnerFragment.joined(0, ["w"], self.anchor, 0)],
+                [LearnerFragment.joined(f, names, self.anchors[f], 0) for f, names in enumerate(self.spec.fragments)],
                 backend=NUMPY,
                 poll_interval_s=POLL_S,
                 idle_interval_s=None,

@@ -32,6 +32,9 @@ def test_quick_quality_benchmark_prints_every_arm_and_the_targets(tmp_path):
     assert 0 < int4["up_bytes_per_param"] < defaults["up_bytes_per_param"] / 6  # 4.25 bits against 32
     assert 0 < int4["down_bytes_per_param"] < defaults["down_bytes_per_param"] / 3  # compact commits, most of the time
     assert "int4 both ways" in result.stdout and "fewer bytes than data-parallel" in result.stdout
+    sparse = arms["sparse deltas and commits, plain step"]  # SparseLoCo's form, both ways, real processes
+    assert 0 < sparse["up_bytes_per_param"] < int4["up_bytes_per_param"] / 5  # 0.036 bytes a parameter against 0.53
+    assert sparse["val_loss"] < 5.0 and "sparse both ways" in result.stdout
     assert (run / "loss.png").stat().st_size > 10_000
 
 

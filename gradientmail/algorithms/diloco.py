@@ -36,6 +36,8 @@ __all__ = ["DiLoCo", "Rda", "WeightedMean", "IsoC", "weight", "weighted_mean", "
 
 GraceRule = Literal["slack", "arrivals", "live"]
 """How the syncer sizes the wait after quorum (``DiLoCo.grace_rule``)."""
+SyncerLayout = Literal["one", "spread"]
+"""Which nodes close rounds (``DiLoCo.syncer_layout``)."""
 
 RUN_FIELDS = (
     "sync_every",
@@ -60,6 +62,7 @@ RUN_FIELDS = (
     "grace_rule",
     "grace_periods",
     "momentum_rule",
+    "syncer_layout",
 )
 """Fields every node of a run must share (compared against the manifest on join).
 
@@ -93,6 +96,13 @@ class DiLoCo(FrozenConfig):
     """Nesterov outer learning rate η (with ``merge=IsoC()``: 1.4 unless set)."""
     outer_momentum: float = Field(default=0.9, ge=0, lt=1)
     """Nesterov outer momentum β; 0 disables momentum (with ``merge=IsoC()``: 0.8 unless set)."""
+    syncer_layout: SyncerLayout = "one"
+    """Which nodes close rounds (docs/protocol.md, "The syncer's load spread over the nodes"):
+    ``one`` (the default) — the elected syncer closes every fragment's; ``spread`` — the elected
+    node assigns each fragment to one of the live nodes that run a syncer (largest fragment to the
+    least-loaded node, ``syncer.assignment``), announces the assignment in its bulletin, and each
+    node closes the rounds of its own fragments, so with N such nodes each downloads and uploads
+    about 1/N of the syncer's bytes."""
     momentum_rule: MomentumRule = "damped"
     """β of each round (docs/algorithms.md, "Momentum on carried work"): ``damped`` (the default,
     chosen on the torchft side-by-side and the regime matrix, docs/benchmarks.md) —

@@ -46,6 +46,7 @@ from gradientmail.store import (
     others_training,
 )
 from gradientmail.syncer import SyncerRuntime
+from gradientmail.syncer.assignment import CLOSES
 from gradientmail.telemetry import hooks as telemetry
 
 __all__ = ["Session", "SessionOptions", "SessionStats"]
@@ -531,6 +532,8 @@ class Session:
             "step_time_s": round(self._step_time_s or 0.0, 6),
             "versions": ",".join(str(v) for v in self.stats.versions),
         }
+        if self.options.elects:
+            info[CLOSES] = True  # it runs a syncer: a spread run may give it fragments to close
         if self._serving:
             info[TRAINING] = False
             return info

@@ -21,7 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from gradientmail.records import Lease
+from gradientmail.errors import InvalidKey
+from gradientmail.records import Lease, check_learner_id
 
 __all__ = ["UNKNOWN_HEAD", "OpenRoundNote", "RoundsBulletin"]
 
@@ -31,6 +32,7 @@ UNKNOWN_HEAD = -1
 _HEADS = "heads"
 _OPEN = "open"
 _LIVE = "live"
+_ASSIGN = "assign"
 _MAX_FRAGMENTS = 4096
 """More fragments than a bulletin carries (a run's plan has far fewer): such a bulletin is ignored."""
 
@@ -57,6 +59,9 @@ class RoundsBulletin:
     live: int | None = None
     """The learners training, as the syncer counts their leases (None: not said): what
     ``DiLoCo.global_batch_size`` is shared among."""
+    assign: tuple[str, ...] | None = None
+    """In a spread run (``syncer_layout="spread"``): the node that closes each fragment's rounds
+    (``syncer.assignment``; "" for none yet). None: the elected node closes every fragment."""
 
     def to_info(self) -> dict[str, Any]:
         """The lease ``info`` entries that carry this bulletin."""
@@ -67,6 +72,7 @@ class RoundsBulletin:
                 for fragment, note in sorted(self.open.items())
             ],
             **({_LIVE: self.live} if self.live is not None else {}),
+            **({_ASSIGN: list(self.assign)} if self.assign is not None else {}),
         }
 
     @classmethod
@@ -91,7 +97,24 @@ class RoundsBulletin:
                 return None
             opened[fragment] = OpenRoundNote(base, accepted, None if closes_in is None else float(closes_in))
         live = lease.info.get(_LIVE)
-        return cls(tuple(heads), opened, live if _ints([live], minimum=0) else None)
+        assign = _assignment(lease.info.get(_ASSIGN), fragments)
+        return cls(tuple(heads), opened, live if _ints([live], minimum=0) else None, assign)
+
+
+def _assignment(value: object, fragments: int) -> tuple[str, ...] | None:
+    """A well-formed assignment of ``fragments`` (node ids or ""), else None: ignored, so a
+    garbled one makes nobody close a fragment it was not given."""
+    if not isinstance(value, list) or len(value) != fragments:
+        return None
+    for node in value:
+        if not isinstance(node, str):
+            return None
+        if node:
+            try:
+                check_learner_id(node)
+            except InvalidKey:
+                return None
+    return tuple(value)
 
 
 def _ints(value: object, *, minimum: int) -> TypeGuard[list[int]]:

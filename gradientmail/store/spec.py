@@ -84,6 +84,10 @@ class RunSpec:
     def delta_specs(self, fragment: int) -> dict[str, TensorShape]:
         return {n: TensorShape(tuple(self.parameters[n].shape), self.delta_dtype(n)) for n in self.fragments[fragment]}
 
+    def fragment_bytes(self, fragment: int) -> int:
+        """Bytes of ``fragment``'s parameters as stored: what a syncer of it moves per commit."""
+        return sum(self.parameters[n].numel * numpy_dtype(self.dtype(n)).itemsize for n in self.fragments[fragment])
+
     def max_payload_bytes(self, fragment: int) -> int:
         """The largest a valid contribution payload of ``fragment`` can be."""
         codec = self.algorithm.delta_codec

@@ -82,6 +82,8 @@ class Election:
         self._announce_gap_s = announce_gap_s
         self._announced = False
         self._on_read = on_read
+        self._expired_holder: tuple[str, float] | None = None
+        """The holder whose unreleased lease this node took over as expired, and when."""
 
     @property
     def is_leader(self) -> bool:
@@ -137,10 +139,21 @@ class Election:
                 self._expired_token = token
                 self.leases_expired += 1
             self._swap(token, lease.term + 1, takeover=True)
+            if self.is_leader and not lease.released:
+                self._expired_holder = (lease.holder, self._clock())
         elif self.dedicated and (lease.released or not lease.info.get("dedicated")):
             log.info("node %s (a dedicated syncer) takes the syncer lease from %s, which also trains", self.node_id, lease.holder)
             self._swap(token, lease.term + 1, takeover=True)
         return self.is_leader
+
+    def expired_holder(self, within_s: float) -> str | None:
+        """The holder whose expired lease this node took over, if within the last ``within_s``
+        seconds: dead as far as the election tells, before its learner lease has stood still
+        for a TTL in this node's judgement (a spread run reassigns its fragments at once)."""
+        found = self._expired_holder
+        if found is None or self._clock() - found[1] > within_s:
+            return None
+        return found[0]
 
     def announce(self) -> None:
         """The holder's bulletin changed: renew at the next pass (no later than ``announce_gap_s``

@@ -75,6 +75,7 @@ from gradientmail.store import (
     live_learners,
     trains,
 )
+from gradientmail.syncer.assignment import assign_fragments, closers
 from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
@@ -106,6 +107,10 @@ arrive after their round, for ``grace_rule="arrivals"``)."""
 HANDED_KEPT = 64
 """Contributions of this node's learner kept in memory for its syncer at most (each is taken by
 the round that examines it, or dropped when a commit makes it stale)."""
+ASSIGNMENT_KEPT_TTLS = 3
+"""In a spread run, a node keeps closing the fragments the newest assignment it read gave it for
+this many lease TTLs without reading a newer one (a coordinator being replaced); past that it
+stops (it is cut off from the store, or the run has no coordinator)."""
 PREFETCH = 2
 STALE_DELETES_PER_COMMIT = 64
 """Stale contributions a commit deletes at once, one request each; a flood's thousands are left
@@ -180,8 +185,18 @@ class RoundView:
     """The grace window after quorum (0 until quorum, or when every live learner is in)."""
 
 
+@dataclass
+class WatchedFragment:
+    """A fragment another node closes, as the coordinator of a spread run follows it for its
+    bulletin: the newest version it found, and the contributions listed on it."""
+
+    version: int
+    listed: int = 0
+
+
 class SyncerRuntime:
-    """Runs the election and, while elected, the rounds of every fragment (one thread each)."""
+    """Runs the election and, while elected, the rounds of every fragment (one thread each); in
+    a spread run (``syncer_layout="spread"``) the rounds of the fragments assigned to this node."""
 
     def __init__(
         self,
@@ -214,8 +229,17 @@ class SyncerRuntime:
             dedicated=dedicated,
             info=lambda: self.bulletin().to_info(),
             announce_gap_s=poll_interval_s,
-            on_read=on_syncer_lease,
+            on_read=self._syncer_lease_read,
         )
+        self._on_syncer_lease = on_syncer_lease
+        self.spread = spec.algorithm.syncer_layout == "spread"
+        self._fragment_bytes = [spec.fragment_bytes(f) for f in range(len(spec.fragments))]
+        self._assign: tuple[str, ...] = ()
+        """While elected in a spread run: the assignment this node computed and announces."""
+        self._read_assign: tuple[tuple[str, ...], float] | None = None
+        """In a spread run, not elected: the newest assignment read in a live syncer lease, and when."""
+        self._watched: dict[int, WatchedFragment] = {}
+        """While elected in a spread run: the fragments other nodes close, followed for the bulletin."""
         self._observer = LeaseObserver(ttl_s, clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
@@ -339,30 +363,58 @@ class SyncerRuntime:
         self._pacing.election_read_at = now
         election.poll()
 
+    def assigned(self) -> frozenset[int]:
+        """The fragments whose rounds this node closes now: every one while elected; in a spread
+        run, those the assignment gives it (its own while elected, else the newest it read in a
+        live syncer lease within ``ASSIGNMENT_KEPT_TTLS`` TTLs)."""
+        leader = self.election.is_leader
+        if not self.spread:
+            return frozenset(range(len(self.spec.fragments))) if leader else frozenset()
+        if leader:
+            assign = self._assign
+        else:
+            found = self._read_assign
+            if found is None or self._clock() - found[1] > ASSIGNMENT_KEPT_TTLS * self.election.ttl_s:
+                return frozenset()
+            assign = found[0]
+        return frozenset(f for f, node in enumerate(assign) if node == self.node_id)
+
     def rounds_pass(self) -> None:
-        """The rounds thread's pass, at its pace: while elected, a full pass over every fragment
-        when due, else over the fragments with a round pending or announced; then the next
-        pause. Not elected: forget the rounds (a future term recovers from the mailbox)."""
+        """The rounds thread's pass, at its pace: over the fragments this node closes
+        (``assigned``), a full pass when due, else over those with a round pending or announced;
+        then the next pause. In a spread run the elected node also follows the other fragments
+        for its bulletin. With nothing to close: forget the rounds (a future term or assignment
+        recovers from the mailbox)."""
         now = self._clock()
         with self._notified_lock:
             notified, self._notified = self._notified, set()
         pacing = self._pacing
-        if not self.election.is_leader:
+        leader = self.election.is_leader
+        if not leader:
+            self._assign, self._watched = (), {}
+        if leader and self.spread and pacing.leases_due(self._leases_in(now)):
+            self._read_leases()  # the assignment follows the live set
+        mine = self.assigned()
+        if not mine and not leader:
             self._views.clear()  # a future term recovers from the mailbox alone
             with self._notified_lock:
                 self._handed.clear()
-            self.live = {}  # only the elected node watches the learners' leases
+            self.live = {}  # only nodes that close rounds watch the learners' leases
             pacing.stand_down()
             self._loop.settle()
             return
+        for fragment in [f for f in self._views if f not in mine]:
+            del self._views[fragment]  # assigned to another node now: its rounds are that node's
         if pacing.leases_due(self._leases_in(now)):
             self._read_leases()
         full = pacing.start_pass(now)
         pending = {f for f, view in self._views.items() if view.round.accepted}
-        fragments = range(len(self.spec.fragments)) if full else sorted(notified | pending)
+        fragments = sorted(mine) if full else sorted((notified | pending) & mine)
         self._activity = bool(notified)
+        if leader and self.spread and full:
+            self._follow_others(mine)
         for fragment in fragments:
-            if self._loop.stopping or not self.election.is_leader:
+            if self._loop.stopping or fragment not in self.assigned():
                 return
             try:  # one fragment that cannot advance (an object it cannot read) holds up no other
                 self.advance(fragment)
@@ -384,7 +436,7 @@ class SyncerRuntime:
         which this node takes instead of reading them back while it holds the election."""
         with self._notified_lock:
             self._notified.add(fragment)
-            if handed is not None and self.election.is_leader and len(self._handed) < HANDED_KEPT:
+            if handed is not None and fragment in self.assigned() and len(self._handed) < HANDED_KEPT:
                 self._handed[handed.key.record] = handed
         self._loop.hurry()
 
@@ -418,7 +470,49 @@ class SyncerRuntime:
                 closes_at = None if current.quorum_at is None else current.quorum_at + current.grace_s
                 closes_in = None if closes_at is None else max(0.0, closes_at - now)
                 opened[fragment] = OpenRoundNote(current.base_version, len(current.accepted), closes_in)
-        return RoundsBulletin(heads, opened, live=len(self.training_learners()))
+        if not self.spread:
+            return RoundsBulletin(heads, opened, live=len(self.training_learners()))
+        watched = dict(self._watched)
+        heads = tuple(watched[f].version if f in watched else head for f, head in enumerate(heads))
+        for fragment, follow in watched.items():
+            if follow.listed:
+                opened[fragment] = OpenRoundNote(follow.version, follow.listed, None)
+        return RoundsBulletin(heads, opened, live=len(self.training_learners()), assign=self._assign or None)
+
+    def _syncer_lease_read(self, found: LeaseRead | None) -> None:
+        """The election watch read the syncer lease: in a spread run, note the assignment in it
+        (a live lease's: an expired one's is taken over, not followed); then hand it on."""
+        if self.spread and found is not None and found.lease is not None and not found.lease.released:
+            bulletin = RoundsBulletin.from_lease(found.lease, len(self.spec.fragments))
+            if bulletin is not None and bulletin.assign is not None:
+                self._read_assign = (bulletin.assign, self._clock())
+                if self.node_id in bulletin.assign:
+                    self._loop.wake()
+        if self._on_syncer_lease is not None:
+            self._on_syncer_lease(found)
+
+    def _follow_others(self, mine: frozenset[int]) -> None:
+        """The elected node of a spread run follows the fragments others close, for its bulletin:
+        each full pass, a forward HEAD probe for a newer version and one LIST of the contributions
+        on the newest (what learners join and wait for). News renews the lease soon."""
+        for fragment in range(len(self.spec.fragments)):
+            if fragment in mine:
+                self._watched.pop(fragment, None)
+                continue
+            watched = self._watched.get(fragment)
+            view = self._views.get(fragment)
+            known = watched.version if watched is not None else view.version if view is not None else None
+            try:
+                newest = self.store.newest_version(fragment, known=known)
+                if newest is None:
+                    continue
+                listed = len(self.store.contributors(fragment, newest))
+            except GradientMailError as exc:
+                self._fragment_failures[fragment].failed(str(exc))
+                continue
+            if watched is None or (newest, bool(listed)) != (watched.version, bool(watched.listed)):
+                self._announce()
+            self._watched[fragment] = WatchedFragment(newest, listed)
 
     def _announce(self) -> None:
         """The bulletin changed (a commit, a round opened or reached quorum): renew the lease soon."""
@@ -446,11 +540,20 @@ class SyncerRuntime:
         previous, self.live = self.live, live_learners(self.store, self._observer, own=self._own_lease())
         self._count_expired(previous)
         self._pacing.expect(now, self.live.values())
+        if self.spread and self.election.is_leader:
+            dead = self.election.expired_holder(within_s=self.election.ttl_s)
+            assign = assign_fragments(self._fragment_bytes, closers(self.live, self.node_id, [dead] if dead else []))
+            if assign != self._assign:
+                log.info("node %s assigns the fragments' rounds: %s", self.node_id, ", ".join(assign))
+                self._assign = assign
+                self._announce()
 
     def _leases_in(self, now: float) -> float:
         """Seconds until the elected node should read the learners' leases again (whether every
         live learner is in decides a round waiting for quorum, so it reads them at poll pace)."""
         waiting = any(view.round.accepted and view.round.quorum_at is None for view in self._views.values())
+        if not self.election.is_leader and not any(view.round.accepted for view in self._views.values()):
+            return math.inf  # a spread run's closer reads them for its rounds only (the elected node: always)
         ttl_s = self._observer.ttl_s
         expiries = (ttl_s - self._observer.unchanged_for(LeaseName.of_learner(learner)) for learner in self.live)
         return self._pacing.leases_in(now, waiting=waiting, expiries_s=expiries)
@@ -735,8 +838,10 @@ class SyncerRuntime:
                     head.version,
                     view.version,
                 )
-        if not self.election.holds_for(self.spec.lease_ttl_s / 3):
+        if not self.spread and not self.election.holds_for(self.spec.lease_ttl_s / 3):
             return  # renewals are failing: leave the commit to whoever holds the lease next
+        if fragment not in self.assigned():
+            return  # the fragment went to another node meanwhile (spread), or our term ended
         version_draft = self._version_draft(fragment, view, draft, started)
         stored = self.store.commit_version(version_draft, committed_by=self.node_id, term=self.election.term)
         committed_at = self._clock()
