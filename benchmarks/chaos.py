@@ -241,6 +241,8 @@ class Chaos:
     seconds: float
     step_sleep: float
     deadline_epoch: float
+    layout: str = "one"
+    """The run's ``syncer_layout``: ``spread`` has every node close its own fragments' rounds."""
     nodes: dict[str, Node] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -254,7 +256,7 @@ class Chaos:
             "--progress", str(self.progress_path(node.learner)), "--incarnation", str(node.incarnation),
             "--seed", str(node.seed), "--step-sleep", str(self.step_sleep), "--sync-every", str(SYNC_EVERY),
             "--fragments", str(FRAGMENTS), "--quorum", str(QUORUM), "--ttl", str(TTL_S), "--poll", str(POLL_S),
-            "--deadline", str(self.deadline_epoch),
+            "--deadline", str(self.deadline_epoch), "--layout", self.layout,
         ]  # fmt: skip
         with open(self.out / f"{node.learner}.{node.incarnation}.log", "wb") as log:
             node.process = subprocess.Popen(
@@ -476,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hostile", action="store_true", help="a bucket writer plants hostile objects every ~5 s")
     parser.add_argument("--step-sleep", type=float, default=STEP_SLEEP_S)
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
+    parser.add_argument(
+        "--layout", choices=["one", "spread"], default="one", help="the run's syncer_layout (spread: a syncer per fragment)"
+    )
     args = parser.parse_args(argv)
     seconds = args.seconds if args.seconds is not None else (30.0 if args.quick else 90.0)
     kill_every = args.kill_every if args.kill_every is not None else (8.0 if args.quick else 10.0)
@@ -507,11 +512,12 @@ def run(
     direct = open_mailbox(direct_url)
     print(
         f"chaos: {args.learners} learners, {seconds:.0f} s, a kill every ~{kill_every:.0f} s, faults on {rate:.0%} of requests "
-        f"(seed {args.seed}); TTL {TTL_S} s, poll {POLL_S} s, H = {SYNC_EVERY}, {FRAGMENTS} fragments, quorum {QUORUM}; in {out}",
+        f"(seed {args.seed}); TTL {TTL_S} s, poll {POLL_S} s, H = {SYNC_EVERY}, {FRAGMENTS} fragments, quorum {QUORUM}, "
+        f"syncer layout {args.layout}; in {out}",
         flush=True,
     )
     started = time.monotonic()
-    chaos = Chaos(proxied_url, out, env, seconds, args.step_sleep, deadline_epoch=time.time() + seconds + 60)
+    chaos = Chaos(proxied_url, out, env, seconds, args.step_sleep, deadline_epoch=time.time() + seconds + 60, layout=args.layout)
     monitor = Monitor(direct, FRAGMENTS, started)
     monitor.start()
     exit_codes: list[dict[str, Any]] = []
@@ -610,7 +616,7 @@ def run(
             "seconds": seconds, "learners": args.learners, "kill_every_s": kill_every, "fault_rate": rate, "seed": args.seed,
             "ttl_s": TTL_S, "poll_s": POLL_S, "sync_every": SYNC_EVERY, "fragments": FRAGMENTS, "quorum": QUORUM,
             "step_sleep_s": args.step_sleep, "fault_kinds": list(FAULT_KINDS), "quick": args.quick,
-            "hostile": args.hostile,
+            "hostile": args.hostile, "layout": args.layout,
         },
         "hostile_plants": hostile.events if hostile is not None else [],
         "machine": {"cores": os.cpu_count(), "python": sys.version.split()[0]},

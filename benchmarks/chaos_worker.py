@@ -28,7 +28,13 @@ SHAPES = {"embed.weight": (8, 4), "layer.weight": (4, 4), "layer.bias": (4,)}
 
 
 def build_algorithm(args: argparse.Namespace) -> gm.DiLoCo:
-    return gm.DiLoCo(sync_every=args.sync_every, fragments=args.fragments, quorum_size=args.quorum, flush_on_close=True)
+    return gm.DiLoCo(
+        sync_every=args.sync_every,
+        fragments=args.fragments,
+        quorum_size=args.quorum,
+        flush_on_close=True,
+        syncer_layout=args.layout,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--commit-timeout", type=float, default=10.0, help="longest close() waits for each own round")
     parser.add_argument("--deadline", type=float, default=None, help="wall-clock time (epoch seconds) to stop training at")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--layout", choices=["one", "spread"], default="one", help="the run's syncer_layout")
     args = parser.parse_args(argv)
 
     stop = False
