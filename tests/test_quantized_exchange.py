@@ -201,15 +201,13 @@ def test_hostile_quantized_contributions_are_rejected_and_the_round_goes_on(quan
 # -- learners: error feedback and compact fetches --------------------------------------------
 
 
-def test_learners_rebuild_commits_from_compact_updates_and_stay_in_step():
-    """INV-16: learners one version behind rebuild commits from the compact update, never fall
-    back, and end holding exactly the committed parameters."""
+def learners_on_compact_commits(algorithm: gm.DiLoCo, models: list[dict[str, np.ndarray]]) -> tuple[RunStore, list[int]]:
+    """Two sessions of ``algorithm`` (two fragments, overlap 0, the guide's close) train 30 steps
+    each on one mailbox and close; they must have rebuilt commits from compact updates, never
+    fallen back, and end holding exactly the committed parameters. The store and the newest
+    version of each fragment, for the caller's own checks."""
     box = gm.MemoryMailbox()
-    models = [model(seed=5) for _ in range(2)]
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    algorithm = gm.DiLoCo(
-        sync_every=5, fragments=2, overlap_steps=0, delta_quantization="int4", update_quantization="int8", flush_on_close=False
-    )  # closed one after the other: both end on one version only with the guide's close
     sessions = [
         gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)
     ]
@@ -224,7 +222,7 @@ def test_learners_rebuild_commits_from_compact_updates_and_stay_in_step():
     for s in sessions:
         s.close()
     store = RunStore(box)
-    newest = [store.newest_version(f) for f in range(2)]
+    newest = [store.newest_version(f) or 0 for f in range(2)]
     assert all(v >= 4 for v in newest)
     assert sum(s.rebuilt_commits for s in sessions) >= 4
     assert sum(s.rebuild_fallbacks for s in sessions) == 0
@@ -234,6 +232,16 @@ def test_learners_rebuild_commits_from_compact_updates_and_stay_in_step():
         for name, value in committed.items():
             for m in models:
                 np.testing.assert_array_equal(m[name], value)  # overlap 0: both hold the commit exactly
+    return store, newest
+
+
+def test_learners_rebuild_commits_from_compact_updates_and_stay_in_step():
+    """INV-16: learners one version behind rebuild commits from the compact update, never fall
+    back, and end holding exactly the committed parameters."""
+    algorithm = gm.DiLoCo(
+        sync_every=5, fragments=2, overlap_steps=0, delta_quantization="int4", update_quantization="int8", flush_on_close=False
+    )  # closed one after the other: both end on one version only with the guide's close
+    learners_on_compact_commits(algorithm, [model(seed=5) for _ in range(2)])
 
 
 def test_error_feedback_carries_what_the_codes_could_not_send():

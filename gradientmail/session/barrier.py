@@ -37,10 +37,11 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gradientmail.errors import GradientMailError, InvalidConfig, InvalidKey
+from gradientmail.errors import GradientMailError, InvalidConfig
 from gradientmail.mailbox import Mailbox
 from gradientmail.records import BarrierArrival, check_learner_id
 from gradientmail.records.auth import RunKey
+from gradientmail.session.checks import checked_name, positive_int
 from gradientmail.store import RunStore
 from gradientmail.store.store_clock import ClockSample, StoreClock
 
@@ -100,12 +101,8 @@ class Barrier:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        try:
-            self.name = check_learner_id(name)
-        except InvalidKey as exc:
-            raise InvalidConfig("barrier", f"a barrier name is written like a learner id: {exc}") from None
-        if isinstance(parties, bool) or not isinstance(parties, int) or parties < 1:
-            raise InvalidConfig("parties", f"must be a positive integer, got {parties!r}")
+        self.name = checked_name("barrier", name)
+        self.parties = positive_int("parties", parties)
         for field, value in (("poll_interval_s", poll_interval_s), ("settle_s", settle_s), ("precision_s", precision_s)):
             if not (math.isfinite(value) and value > 0):
                 raise InvalidConfig(field, f"must be a positive number of seconds, got {value!r}")
@@ -117,7 +114,6 @@ class Barrier:
             if mailbox is None:
                 raise InvalidConfig("mailbox", "a barrier needs the run's mailbox (or a store)")
             store = RunStore(mailbox, RunKey.given(run_key))
-        self.parties = parties
         self.node_id = check_learner_id(node_id)
         self._store = store
         self._poll_interval_s = poll_interval_s

@@ -41,8 +41,9 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 
-from gradientmail.errors import InvalidConfig, InvalidKey, RecordExists, VersionConflict
-from gradientmail.records import QueueClaim, QueueDone, check_learner_id
+from gradientmail.errors import InvalidConfig, RecordExists, VersionConflict
+from gradientmail.records import QueueClaim, QueueDone
+from gradientmail.session.checks import checked_name, positive_int
 from gradientmail.store import LeaseName, LeaseObserver, RunStore
 
 __all__ = ["WorkQueue"]
@@ -68,13 +69,8 @@ class WorkQueue:
         marks: dict[int, int] | None = None,
         before_claim: Callable[[], None] | None = None,
     ) -> None:
-        try:
-            self.name = check_learner_id(name)
-        except InvalidKey as exc:
-            raise InvalidConfig("queue", f"a queue name is written like a learner id: {exc}") from None
-        if isinstance(units, bool) or not isinstance(units, int) or units < 1:
-            raise InvalidConfig("units", f"must be a positive integer, got {units!r}")
-        self.units = units
+        self.name = checked_name("queue", name)
+        self.units = positive_int("units", units)
         self._store = store
         self._learner = learner_id
         self._poll_interval_s = poll_interval_s

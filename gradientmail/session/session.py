@@ -26,6 +26,7 @@ from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_ma
 from gradientmail.records import Realignment, check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.barrier import Barrier, BarrierRelease
+from gradientmail.session.checks import positive_int
 from gradientmail.session.events import Listeners, ReportedScalars, SessionEvent
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.group import detect_group, unwrap_model
@@ -120,8 +121,7 @@ class SessionOptions:
             raise InvalidConfig("idle_poll_interval_s", f"must be at least poll_interval_s ({self.poll_interval_s})")
         if not 0 < self.step_time_smoothing <= 1:
             raise InvalidConfig("step_time_smoothing", "must be in (0, 1]")
-        if isinstance(self.save_state_every, bool) or not isinstance(self.save_state_every, int) or self.save_state_every < 1:
-            raise InvalidConfig("save_state_every", f"must be a positive integer, got {self.save_state_every!r}")
+        positive_int("save_state_every", self.save_state_every)
         if self.lease_ttl_s < 2 * self.poll_interval_s:
             raise InvalidConfig("lease_ttl_s", f"must be at least twice poll_interval_s ({self.poll_interval_s})")
 

@@ -500,10 +500,8 @@ class SyncerRuntime:
                 self._watched.pop(fragment, None)
                 continue
             watched = self._watched.get(fragment)
-            view = self._views.get(fragment)
-            known = watched.version if watched is not None else view.version if view is not None else None
             try:
-                newest = self.store.newest_version(fragment, known=known)
+                newest = self.store.newest_version(fragment, known=watched.version if watched is not None else None)
                 if newest is None:
                     continue
                 listed = len(self.store.contributors(fragment, newest))
