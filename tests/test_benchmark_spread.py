@@ -1,5 +1,5 @@
 """The spread benchmark runs end to end with real learner processes (a short smoke run): with
-``syncer_layout="spread"`` several nodes commit, each its own fragments; with one syncer one does."""
+``syncer_layout="spread"`` several nodes commit, none carrying as large a share as the one syncer does."""
 
 from __future__ import annotations
 
@@ -27,7 +27,14 @@ def test_quick_spread_benchmark_spreads_the_commits_over_the_nodes(tmp_path):  #
     (run,) = tmp_path.iterdir()
     saved = json.loads((run / "result.json").read_text())
     (one,), (spread,) = saved["arms"]["one"], saved["arms"]["spread"]
-    assert len(one["syncer_bytes_by_node"]) == 1  # the elected node closed every fragment
-    assert len(spread["syncer_bytes_by_node"]) >= 2  # the fragments' rounds were closed by several nodes
+
+    def busiest_share(arm: dict) -> float:  # type: ignore[type-arg]
+        loads = arm["syncer_bytes_by_node"].values()
+        return max(loads) / sum(loads)
+
+    # one syncer: the elected node closes every fragment (another may have held the lease at the
+    # start); spread: the fragments' rounds are closed by several nodes, none carrying as much
+    assert len(spread["syncer_bytes_by_node"]) >= 2
+    assert busiest_share(spread) < busiest_share(one), (spread["syncer_bytes_by_node"], one["syncer_bytes_by_node"])
     for arm in (one, spread):
         assert arm["rounds"] >= 1 and arm["val_loss"] < 5.0 and arm["merged_share"] > 0.5
