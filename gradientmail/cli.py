@@ -12,8 +12,8 @@ gradientmail minio-setup [--mailbox URL] --out DIR   (bucket, lifecycle, a user 
 gradientmail seaweedfs-setup --identities FILE --out DIR | --bucket   (the same for SeaweedFS: its identity
                           file with a user scoped to the prefix, then bucket and lifecycle; gradientmail/seaweedfs_setup.py)
 gradientmail health      (exit 0 when this node's metrics endpoint answers: the images' health check)
-gradientmail simulate --table [--json] | --sweep M|H|fragments|quorum|latency [--out DIR]   (goodput at scale,
-                          simulated; see docs/simulator.md)
+gradientmail simulate --table [--json] | --sweep M|H|fragments|quorum|latency|capacity [--out DIR]   (goodput
+                          at scale and the largest run each syncer layout sustains, simulated; see docs/simulator.md)
 gradientmail --version
 """
 

@@ -120,6 +120,27 @@ class Model:
     """Bytes/s the syncer moves (100 Gbit/s)."""
     merge_bytes_per_s: float = 20e9
     """Bytes/s of contribution the syncer merges (a host's memory bandwidth, a few passes)."""
+    syncer_write_bps: float | None = None
+    """Bytes/s of fragment the syncer steps, encodes and writes with its commit (the new parameters
+    and the outer optimizer's state); None: ``syncer_bandwidth_bps``. Calibrated per store by
+    benchmarks/sim_calibration.py."""
+    syncer_round_overhead_s: float | None = None
+    """Seconds a round costs whatever its bytes (the listing, the records, the commit's create-once
+    write, the retention pass); None: three request latencies."""
+    syncer_state_copies: float = 1.0
+    """Copies of the fragment the syncer writes beside the new parameters each commit: the outer
+    optimizer's state (Nesterov: its momentum, one copy)."""
+
+    # --- the syncer's layout and the network between regions (issue 26) ---
+    syncer_layout: Literal["one", "spread"] = "one"
+    """``one``: one elected node closes every fragment; ``spread``: the fragments are dealt over the
+    live nodes (``DiLoCo.syncer_layout``, INV-23), each closed by one of min(M, P) nodes."""
+    closer_bandwidth_bps: float | None = None
+    """Bytes/s a node that closes fragments under ``spread`` moves: a learner host's NIC; None:
+    ``learner_bandwidth_bps``."""
+    egress_usd_per_gb: float = 0.0
+    """USD per GB read out of the store's region: 0 in region, 0.02 between AWS regions, 0.09 to
+    the internet (AWS list prices, 2026). Counted on every byte a node reads (contributions, commits)."""
 
     # --- S3 requests (measured on GradientMail, docs/benchmarks.md) ---
     idle_requests_per_node_s: float = 2.1
@@ -137,7 +158,24 @@ class Model:
         for name in ("learner_bandwidth_bps", "syncer_bandwidth_bps", "merge_bytes_per_s", "part_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("slice_chips", "slice_repair_s", "stall_s", "dp_restart_s", "dp_checkpoint_cost_s", "store_latency_s"):
+        for name in ("syncer_write_bps", "closer_bandwidth_bps"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive, got {value!r}")
+        if self.syncer_round_overhead_s is not None and self.syncer_round_overhead_s < 0:
+            raise ValueError(f"syncer_round_overhead_s must not be negative, got {self.syncer_round_overhead_s!r}")
+        if self.syncer_layout not in ("one", "spread"):
+            raise ValueError(f"syncer_layout must be 'one' or 'spread', got {self.syncer_layout!r}")
+        for name in (
+            "slice_chips",
+            "slice_repair_s",
+            "stall_s",
+            "dp_restart_s",
+            "dp_checkpoint_cost_s",
+            "store_latency_s",
+            "syncer_state_copies",
+            "egress_usd_per_gb",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)!r}")
 
@@ -165,7 +203,7 @@ class Model:
     @property
     def failover_s(self) -> float:
         """A dead syncer is replaced within TTL + TTL/3 + a poll (INV-6), then loads the fragments."""
-        load = self.store_latency_s + self.model_bytes / self.syncer_bandwidth_bps
+        load = self.store_latency_s + self.model_bytes / self.closing_bandwidth_bps
         return self.lease_ttl_s + self.lease_ttl_s / 3 + self.poll_s + load
 
     @property
@@ -173,13 +211,23 @@ class Model:
         """Seconds between a learner's publishes (one fragment every H/P steps)."""
         return self.sync_every * self.step_s / self.fragments
 
-    def sync_s(self, contributions: int) -> float:
-        """ξ_sync: the syncer fetches the contributions, merges, writes and commits the fragment."""
+    @property
+    def closing_bandwidth_bps(self) -> float:
+        """Bytes/s of the node that closes a fragment: the one syncer's, or a learner host's under ``spread``."""
+        if self.syncer_layout == "one":
+            return self.syncer_bandwidth_bps
+        return self.closer_bandwidth_bps if self.closer_bandwidth_bps is not None else self.learner_bandwidth_bps
+
+    def sync_s(self, contributions: float) -> float:
+        """ξ_sync: the closing node fetches the contributions, merges, steps, writes and commits the
+        fragment: a fixed cost, the contributions' bytes at the fetch and merge rates, the fragment
+        at the write rate."""
         size = self.fragment_bytes
-        fetch = self.store_latency_s + contributions * size / self.syncer_bandwidth_bps
+        overhead = 3 * self.store_latency_s if self.syncer_round_overhead_s is None else self.syncer_round_overhead_s
+        fetch = contributions * size / self.closing_bandwidth_bps
         merge = contributions * size / self.merge_bytes_per_s
-        write = 2 * self.store_latency_s + size / self.syncer_bandwidth_bps
-        return fetch + merge + write
+        write_bps = self.closing_bandwidth_bps if self.syncer_write_bps is None else self.syncer_write_bps
+        return overhead + fetch + merge + size / write_bps
 
     def grace_s(self, contributions: int) -> float:
         """The grace window the library's estimator opens for a round (quorum reached as the learners
@@ -202,9 +250,29 @@ class Model:
 
     def sync_efficiency(self, contributions: int) -> float:
         """Share of a running learner's time not spent waiting for commits in steady state: it waits
-        max(0, latency − overlap) per publish."""
+        max(0, latency − overlap) per publish, and no less than the busiest closing node's backlog
+        when it closes more than it can in a period (``syncer_load`` > 1 caps the rate at 1/load)."""
         wait = max(0.0, self.commit_latency_s(contributions) - self.overlap_s)
-        return self.round_period_s / (self.round_period_s + wait)
+        return min(self.round_period_s / (self.round_period_s + wait), 1.0 / max(1.0, self.syncer_load(contributions)))
+
+    # ------------------------------------------------------------------ the closing nodes (issue 26)
+    def closers(self, learners: int) -> int:
+        """Nodes that close fragments: the one syncer, or min(M, P) under ``spread`` (INV-23 deals
+        each fragment to one live node, the largest to the least loaded)."""
+        return 1 if self.syncer_layout == "one" else max(1, min(learners, self.fragments))
+
+    def fragments_on_busiest(self, learners: int) -> int:
+        """Fragments the busiest closing node closes: all P, or ⌈P / min(M, P)⌉ under ``spread``."""
+        return math.ceil(self.fragments / self.closers(learners))
+
+    def syncer_load(self, learners: float, contributions: float | None = None) -> float:
+        """Seconds the busiest closing node spends closing rounds per sync period (H steps, in which
+        every fragment is exchanged once) over that period: above 1 it falls behind and the learners
+        wait for it. Each of its fragments closes ``learners / contributions`` rounds per period
+        (one when every round carries all M)."""
+        carried = learners if contributions is None else contributions
+        rounds = self.fragments_on_busiest(math.ceil(learners)) * learners / max(carried, 1e-12)
+        return rounds * self.sync_s(carried) / (self.sync_every * self.step_s)
 
     def restart_reload_s(self) -> float:
         return self.store_latency_s + self.model_bytes / self.learner_bandwidth_bps

@@ -89,7 +89,8 @@ def run_sweep(
     return data
 
 
-def _plot(data: dict[str, Any], label: str, path: Path) -> None:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the file-only backend, or a clear error naming the extra that brings it."""
     try:
         import matplotlib
     except ImportError as exc:  # an optional dependency (the bench extra)
@@ -98,6 +99,11 @@ def _plot(data: dict[str, Any], label: str, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _plot(data: dict[str, Any], label: str, path: Path) -> None:
+    plt = pyplot()
     field = data["parameter"]
     xs = [point[field] for point in data["points"]]
     figure, (left, right) = plt.subplots(1, 2, figsize=(8, 5), dpi=100)
