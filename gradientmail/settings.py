@@ -26,7 +26,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from gradientmail._version import __version__
 from gradientmail.algorithms.config_base import invalid_config
-from gradientmail.algorithms.diloco import DiLoCo, GraceRule, SyncerLayout
+from gradientmail.algorithms.diloco import DiLoCo, GraceRule, PayloadCompression, SyncerLayout
 from gradientmail.algorithms.fragments import FragmentLayout
 from gradientmail.algorithms.merge import IsoC, Merge, MergeArithmetic, Rda, WeightedMean
 from gradientmail.algorithms.outer import MomentumRule
@@ -145,6 +145,8 @@ class NodeSettings(BaseSettings):
     sparse update. Run-wide."""
     sparsity_chunk: int = _ALGORITHM["sparsity_chunk"].default
     """Elements per chunk of ``delta_sparsity`` and ``update_sparsity`` (a power of two, at most 65536). Run-wide."""
+    payload_compression: PayloadCompression = _ALGORITHM["payload_compression"].default
+    """``zstd``: contributions and commits stored compressed (byte-shuffled zstd); ``none``: as is. Run-wide."""
     error_feedback: bool = _ALGORITHM["error_feedback"].default
     """With ``delta_quantization`` or ``delta_sparsity``: carry what did not travel into the next contribution."""
     grace_gamma: float = _ALGORITHM["grace_gamma"].default

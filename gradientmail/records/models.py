@@ -177,13 +177,29 @@ class Manifest(Record):
         return plan
 
 
+PayloadEncoding = Literal["zstd-shuffle"]
+"""How a blob is stored when not as is: ``zstd-shuffle``, Blosc zstd frames with byte shuffle
+(``backends/lossless.py``, ``DiLoCo.payload_compression``)."""
+
+
 class PayloadRef(BaseModel):
-    """An immutable blob a record points at, with what is needed to verify it."""
+    """An immutable blob a record points at, with what is needed to verify it. ``sha256`` and
+    ``size_bytes`` are the raw blob's; with an ``encoding`` the object holds it compressed
+    (``stored_bytes`` long when written), and a reader checks the raw bytes it decodes."""
 
     model_config = _STRICT
     key: str = Field(min_length=1, max_length=1024)
     sha256: Hex256
     size_bytes: int = Field(ge=0, le=2**50)
+    encoding: PayloadEncoding | None = None
+    stored_bytes: int | None = Field(default=None, ge=0, le=2**50)
+    """Bytes the writer stored under an ``encoding`` (what crossed the wire); information only:
+    readers bound the object by the codec's worst case for ``size_bytes``."""
+
+    @property
+    def wire_bytes(self) -> int:
+        """Bytes the object holds: what a transfer of it moves."""
+        return self.size_bytes if self.stored_bytes is None else self.stored_bytes
 
 
 RealignReason = Literal["carry_limit"]

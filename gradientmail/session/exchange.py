@@ -442,6 +442,7 @@ class Exchange:
             delta if self._codec is None else self._quantized(fragment, publication.anchor_version, delta),
             publication.counts,
             first_sequence=self._next_sequence,
+            compress=self._spec.algorithm.payload_compression == "zstd",
         )
         self._next_sequence = published.key.sequence + 1
         self.bytes_published += published.size_bytes
@@ -548,9 +549,9 @@ class Exchange:
                 log.warning("learner %s: %s; reading the full parameters", self._learner, exc)
             else:
                 self.compact_fetches += 1
-                self.bytes_fetched += sum(step.update.size_bytes for step in chain if step.update is not None)
+                self.bytes_fetched += sum(step.update.wire_bytes for step in chain if step.update is not None)
                 return dict(base)
-        self.bytes_fetched += record.params.size_bytes
+        self.bytes_fetched += record.params.wire_bytes
         return self._store.read_params(self._spec, record)
 
     def _update_chain(self, fragment: int, known: int, record: RoundRecord) -> list[RoundRecord]:
@@ -567,7 +568,7 @@ class Exchange:
                 chain.insert(0, self._store.read_round(fragment, previous))
             except (KeyNotFound, GradientMailError):
                 return []  # retention took it, or it does not verify: read the parameters
-            if chain[0].update is None or sum(r.update.size_bytes for r in chain if r.update) >= record.params.size_bytes:
+            if chain[0].update is None or sum(r.update.wire_bytes for r in chain if r.update) >= record.params.wire_bytes:
                 return []
         return chain
 

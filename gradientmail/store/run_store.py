@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -22,7 +22,7 @@ from typing import TypeVar
 import numpy as np
 
 from gradientmail.algorithms.diloco import DiLoCo
-from gradientmail.backends import payload, quantized_payload
+from gradientmail.backends import lossless, payload, quantized_payload
 from gradientmail.backends.compact import UpdateCodec, UpdateParts, apply_update, decode_update, encode_update
 from gradientmail.errors import (
     CorruptPayload,
@@ -428,9 +428,12 @@ class RunStore:
         # Each blob is hashed while it uploads (issue 13); one after the other, so no more than
         # one encoded blob is held at a time (writing both at once measured no faster on loopback).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-sha256") as hashing:
-            params_ref = self._write_tensors(keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing)
+            compress = draft.algorithm.payload_compression == "zstd"
+            params_ref = self._write_tensors(
+                keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing, compress=compress
+            )
             state_ref = self._write_tensors(
-                keys.outer_state_blob(fragment, version, committed_by, attempt), draft.outer_state, hashing
+                keys.outer_state_blob(fragment, version, committed_by, attempt), draft.outer_state, hashing, compress=compress
             )
             update_ref = None
             if draft.update is not None:
@@ -499,12 +502,15 @@ class RunStore:
         delta: Mapping[str, np.ndarray] | bytes,
         counts: ContributionCounts,
         first_sequence: int = 1,
+        *,
+        compress: bool = False,
     ) -> PublishedContribution:
         """Put a delta, then create its record once; returns its key, the payload's bytes and the
         record. ``delta`` is the named arrays, or a payload already encoded (a quantized one).
 
         ``first_sequence`` is the lowest sequence number to use; taken ones are skipped, so a
-        restarted learner never collides with what it published before.
+        restarted learner never collides with what it published before. ``compress``: named
+        arrays are stored compressed (``DiLoCo.payload_compression``).
 
         Raises:
             GradientMailError: the record exists after all (a second process uses this id).
@@ -513,8 +519,12 @@ class RunStore:
         while self._mailbox.exists(keys.contribution_record(fragment, anchor_version, learner, sequence)):
             sequence += 1
         key = keys.ContributionKey(fragment, anchor_version, learner, sequence)
-        data = delta if isinstance(delta, bytes) else Gathered(payload.encode_pieces(delta))
-        blob = self._put_blob(key.blob, data)
+        if isinstance(delta, bytes):  # already compact (quantized or sparse): stored as is
+            blob = self._put_blob(key.blob, delta)
+        elif compress:
+            blob = self._put_compressed(key.blob, joined(Gathered(payload.encode_pieces(delta))), _typesize(delta.values()))
+        else:
+            blob = self._put_blob(key.blob, Gathered(payload.encode_pieces(delta)))
         contribution = Contribution(
             learner=learner,
             fragment=fragment,
@@ -531,7 +541,7 @@ class RunStore:
             self._mailbox.create(key.record, self._encode(key.record, contribution))
         except RecordExists:  # another process uses our learner id: refuse to guess
             raise GradientMailError(f"contribution {key.record} already exists: is learner id {learner!r} used twice?") from None
-        return PublishedContribution(key, len(data), contribution)
+        return PublishedContribution(key, blob.wire_bytes, contribution)
 
     def contributors(self, fragment: int, base_version: int) -> set[str]:
         """Learners with a contribution against ``base_version`` of ``fragment`` (one LIST)."""
@@ -565,11 +575,28 @@ class RunStore:
 
     # -- tensor blobs --------------------------------------------------------------
     def _write_tensors(
-        self, key: str, tensors: Mapping[str, np.ndarray], hashing: ThreadPoolExecutor | None = None
+        self,
+        key: str,
+        tensors: Mapping[str, np.ndarray],
+        hashing: ThreadPoolExecutor | None = None,
+        *,
+        compress: bool = False,
     ) -> PayloadRef:
         """Put a blob of ``tensors``, its pieces gathered (no encoded copy where the store writes
-        pieces); with ``hashing``, its sha256 is taken there while it uploads."""
-        return self._put_blob(key, Gathered(payload.encode_pieces(tensors)), hashing)
+        pieces); with ``hashing``, its sha256 is taken there while it uploads; ``compress``: stored
+        as zstd-shuffle frames, shuffled by the element size that holds most of the bytes."""
+        pieces = Gathered(payload.encode_pieces(tensors))
+        if not compress:
+            return self._put_blob(key, pieces, hashing)
+        return self._put_compressed(key, joined(pieces), _typesize(tensors.values()), hashing)
+
+    def _put_compressed(self, key: str, raw: bytes, typesize: int, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
+        """Put ``raw`` compressed (``backends/lossless.py``); the reference pins the raw bytes."""
+        digest = hashing.submit(sha256_hex, raw) if hashing is not None else None
+        stored = lossless.compress(raw, typesize)
+        self._mailbox.put(key, stored)
+        sha256 = digest.result() if digest is not None else sha256_hex(raw)
+        return PayloadRef(key=key, sha256=sha256, size_bytes=len(raw), encoding=lossless.ENCODING, stored_bytes=len(stored))
 
     def _put_blob(self, key: str, data: bytes | Gathered, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
         """Put a blob and reference it by size and sha256. A store that hashes what it writes
@@ -594,6 +621,8 @@ class RunStore:
         hashes while it downloads (``HashingGet``) hands the digest over with the bytes; any
         other is hashed here. Either way nothing is returned before its digest matched."""
         mailbox = self._mailbox
+        if ref.encoding is not None:
+            return self._read_compressed(ref)
         try:
             if isinstance(mailbox, HashingGet):
                 data, digest = mailbox.get_sha256(ref.key, max_bytes=ref.size_bytes)
@@ -605,6 +634,22 @@ class RunStore:
         if len(data) != ref.size_bytes:
             raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
         if (digest if digest is not None else sha256_hex(data)) != ref.sha256:
+            raise CorruptPayload(f"{ref.key}: checksum mismatch")
+        return data
+
+    def _read_compressed(self, ref: PayloadRef) -> bytes:
+        """A compressed blob's raw bytes: no more fetched than the codec's worst case for the
+        declared size, no frame decoded past it (INV-13), the raw bytes checked by sha256."""
+        bound = lossless.stored_bound(ref.size_bytes)
+        try:
+            stored = self._mailbox.get(ref.key, max_bytes=bound)
+        except ObjectTooLarge as exc:
+            raise CorruptPayload(f"{ref.key}: larger than {bound} bytes, the most {ref.size_bytes} compress to ({exc})") from None
+        try:
+            data = lossless.decompress(stored, ref.size_bytes)
+        except lossless.LosslessError as exc:
+            raise CorruptPayload(f"{ref.key}: {exc}") from None
+        if sha256_hex(data) != ref.sha256:
             raise CorruptPayload(f"{ref.key}: checksum mismatch")
         return data
 
@@ -621,7 +666,8 @@ class RunStore:
         sha256); ``CorruptPayload`` otherwise, and nothing is written."""
         if len(data) != ref.size_bytes or sha256_hex(data) != ref.sha256:
             raise CorruptPayload(f"{ref.key}: the recomputed bytes differ from those its record pins")
-        self._mailbox.put(ref.key, data)
+        # the record pins the raw bytes: any compressor's frames of them read back the same
+        self._mailbox.put(ref.key, data if ref.encoding is None else lossless.compress(data, 4))
 
     def read_tensors(self, ref: PayloadRef, expected: Mapping[str, TensorShape] | None = None) -> Arrays:
         """Fetch a blob and verify size, checksum, and (if given) names, shapes and dtypes.
@@ -901,3 +947,11 @@ def _states_newer_schema(data: bytes) -> bool:
         return False
     version = value.get("schema_version") if isinstance(value, dict) else None
     return isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION
+
+
+def _typesize(arrays: Iterable[np.ndarray]) -> int:
+    """The element size that holds most of a blob's bytes: what its byte shuffle groups by."""
+    by_size: dict[int, int] = {}
+    for array in arrays:
+        by_size[array.dtype.itemsize] = by_size.get(array.dtype.itemsize, 0) + array.nbytes
+    return max(by_size, key=lambda size: by_size[size]) if by_size else 1

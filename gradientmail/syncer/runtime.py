@@ -948,7 +948,7 @@ class SyncerRuntime:
                 grace_window_s=current.grace_s,
                 grace_contributions=len(current.accepted) - current.accepted_at_quorum,
                 fetch_s=current.fetch_s,
-                fetched_bytes=sum(a.contribution.payload.size_bytes for a in current.accepted),
+                fetched_bytes=sum(a.contribution.payload.wire_bytes for a in current.accepted),
             ),
         )
         self._retention.apply(fragment, record.version)

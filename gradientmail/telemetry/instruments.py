@@ -133,7 +133,7 @@ class MetricsRecorder:
         for rejection in record.rejected:
             self.rejected.add(1, {**labels, "reason": rejection.reason})
         self.syncer_fetched.add(phases.fetched_bytes, labels)
-        self.syncer_published.add(record.params.size_bytes + record.outer_state.size_bytes, labels)
+        self.syncer_published.add(record.params.wire_bytes + record.outer_state.wire_bytes, labels)
         if self._tracer is not None:
             self._trace(runtime.node_id, fragment, record, phases)
 
