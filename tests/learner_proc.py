@@ -86,6 +86,7 @@ def main(argv: list[str] | None = None) -> None:
         "--global-batch", type=int, default=None, help="the run's global_batch_size; steps take session.batch_size"
     )
     parser.add_argument("--metrics-port", type=int, default=None, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    parser.add_argument("--compress", action="store_true", help="payload_compression='zstd'")
     args = parser.parse_args(argv)
     if args.metrics_port is not None:
         gm.telemetry.configure(node=args.learner_id, prometheus_port=args.metrics_port, prometheus_address="127.0.0.1")
@@ -98,6 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         flush_on_close=args.flush,
         carry_unmerged=args.carry,
         global_batch_size=args.global_batch,
+        payload_compression="zstd" if args.compress else "none",
     )
     if args.merge == "local_sgd":
         algorithm = gm.DiLoCo.local_sgd(**settings)

@@ -5,6 +5,7 @@ sessions training through compressed contributions and commits."""
 
 from __future__ import annotations
 
+import os
 import struct
 
 import ml_dtypes
@@ -17,11 +18,13 @@ from gradientmail.audit import audit_run
 from gradientmail.backends import get_backend, payload
 from gradientmail.backends.lossless import FRAME_BYTES, LosslessError, compress, decompress, stored_bound
 from gradientmail.errors import CorruptPayload
+from gradientmail.records import Contribution
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import ContributionCounts, RunStore
 from gradientmail.syncer.repair import restore_version
 from gradientmail.syncer.rounds import replay_round
 from gradientmail.syncer.runtime import SyncerRuntime
+from tests.run_procs import check_history, start_learner, unique_prefix
 
 NUMPY = get_backend("numpy")
 SHAPES = {"embed.weight": (64, 32), "mlp.weight": (32, 65), "mlp.bias": (7,)}
@@ -191,3 +194,31 @@ def test_learners_train_through_compressed_contributions_and_commits() -> None:
             for model in models:
                 np.testing.assert_array_equal(model[name], value)
     assert audit_run(store, spec).failures == []
+
+
+@pytest.mark.s3
+def test_learner_processes_on_s3_exchange_compressed_blobs(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Three learner processes on the loopback S3 server with ``payload_compression="zstd"``: every
+    version is committed once, its blobs and the contributions it merged are compressed, every
+    learner ends on the same parameters, and the audit replays the rounds to the raw bytes."""
+    url = f"s3://{s3_server.bucket}/{unique_prefix()}?endpoint={s3_server.endpoint_url}&region={s3_server.region}&addressing=path"
+    env = {"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}
+    args = ["--steps", "80", "--step-sleep", "0.02", "--wait-for", "3", "--end-together", "3", "--ttl", "1.0", "--poll", "0.05"]
+    learners = [start_learner(url, f"n{i}", tmp_path, "--seed", str(i), "--compress", *args, env=env) for i in range(3)]
+    for learner in learners:
+        assert learner.wait() == 0
+    os.environ.update(env)
+    box = gm.open_mailbox(url)
+    history = check_history(box, fragments=2)
+    assert all(len(records) >= 3 for records in history)
+    store = RunStore(box)
+    for records in history:
+        for record in records[1:]:
+            assert record.params.encoding == record.outer_state.encoding == "zstd-shuffle"
+            for participant in record.participants:
+                contribution = participant.contribution
+                if box.exists(contribution):  # retention may have collected it
+                    assert Contribution.from_json(box.get(contribution)).payload.encoding == "zstd-shuffle"
+    results = [learner.result() for learner in learners]
+    assert all(result["params"] == results[0]["params"] for result in results)
+    assert audit_run(store, store.read_spec()).failures == []

@@ -69,18 +69,20 @@ def test_a_learner_killed_mid_run_resumes_from_its_last_save_with_its_optimizer_
     assert torch.load(state_dir / "gpu-0.state", weights_only=True)["total_steps"] == 200  # saved at the clean close
 
 
-@pytest.mark.parametrize("where", ["directory", "mailbox"])
+@pytest.mark.parametrize("where", ["directory", "mailbox", "mailbox, compressed"])
 def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_path, where):
     """A session closed cleanly saves its state (in a directory, or with ``state_dir="mailbox"``
-    under the learner's prefix in the run's mailbox); the next one with the same id resumes: the
-    step count continues and the next random numbers are those the first session would have drawn."""
+    under the learner's prefix in the run's mailbox, compressed in a run with
+    ``payload_compression="zstd"``); the next one with the same id resumes: the step count
+    continues and the next random numbers are those the first session would have drawn."""
     state_dir = str(tmp_path / "state") if where == "directory" else "mailbox"
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir=state_dir, save_state_every=5)
     mailbox = f"file://{tmp_path / 'box'}"
+    algorithm = gm.DiLoCo(sync_every=5, fragments=1, payload_compression="zstd" if "compressed" in where else "none")
 
     def session() -> gm.Session:
         model = {"w": torch.zeros(3).numpy()}
-        return gm.Session(model, algorithm=gm.DiLoCo(sync_every=5, fragments=1), mailbox=mailbox, learner_id="a", options=options)
+        return gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id="a", options=options)
 
     with session() as first:
         for _ in range(7):
@@ -89,6 +91,10 @@ def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_
     after_close = torch.rand(3)
     torch.set_rng_state(state)
     torch.manual_seed(123)  # the process moves on: a restart would not have this state
+    if where != "directory":
+        record = RunStore(FileMailbox(tmp_path / "box")).read_learner_state("a")
+        assert record is not None
+        assert record[0].state.encoding == ("zstd-shuffle" if "compressed" in where else None)
     with session() as second:
         assert second.steps_before == 7 and second.total_steps == 7
         assert torch.equal(torch.rand(3), after_close)

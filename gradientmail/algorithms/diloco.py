@@ -177,7 +177,8 @@ class DiLoCo(FrozenConfig):
     sparsity_chunk: int = Field(default=DEFAULT_CHUNK, gt=0)
     """Elements per chunk of ``delta_sparsity`` and ``update_sparsity`` (a power of two, at most 65 536)."""
     payload_compression: PayloadCompression = "none"
-    """``zstd``: contributions and commits (parameters and outer state) are stored compressed,
+    """``zstd``: contributions, commits (parameters and outer state) and learners' saved state in
+    the mailbox are stored compressed,
     zstd level 1 over bytes shuffled by element size (``backends/lossless.py``); a quantized or
     sparse payload, already compact, is stored as is. The records pin the raw bytes, so replay
     and repair do not depend on the compressor. It saves 7–13 % of fp32 bytes and 22–29 % of

@@ -32,7 +32,7 @@ import os
 import pickle
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -94,15 +94,17 @@ class StateInMailbox:
     signed run the record is signed and pins the blob's sha256. Nothing in the bucket stops a
     learner: a state that does not read or verify is logged and the learner starts fresh."""
 
-    def __init__(self, store: RunStore, learner_id: str) -> None:
+    def __init__(self, store: RunStore, learner_id: str, compress: Callable[[], bool] = lambda: False) -> None:
         if _torch() is None:
             raise InvalidConfig("state_dir", "'mailbox' needs torch, whose restricted loader reads what the bucket holds")
         self._store = store
         self._learner = learner_id
+        self._compress = compress
+        """Whether a save is stored compressed: the run's ``payload_compression``."""
         self.where = f"the mailbox ({keys.learner_state_record(learner_id)})"
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
-        self._store.save_learner_state(self._learner, run_id, total_steps, data)
+        self._store.save_learner_state(self._learner, run_id, total_steps, data, compress=self._compress())
 
     def read(self) -> bytes | None:
         try:

@@ -275,7 +275,13 @@ class Session:
         directory = self.options.state_dir
         if not directory:
             return None
-        where = StateInMailbox(self._store, name) if directory == MAILBOX else StateFile(directory, name)
+        if directory != MAILBOX:
+            return LearnerState(StateFile(directory, name), name)
+
+        def compress() -> bool:  # the run's setting, known once joined (a save comes after)
+            return self.spec is not None and self.spec.algorithm.payload_compression == "zstd"
+
+        where = StateInMailbox(self._store, name, compress)
         return LearnerState(where, name)
 
     # -- context manager -----------------------------------------------------------

@@ -867,12 +867,12 @@ class RunStore:
         return arrival, info.modified_at
 
     # -- learner states (state_dir="mailbox") ---------------------------------------
-    def save_learner_state(self, learner: str, run_id: str, total_steps: int, data: bytes) -> None:
+    def save_learner_state(self, learner: str, run_id: str, total_steps: int, data: bytes, *, compress: bool = False) -> None:
         """Put a learner's saved state: the bytes under a key of their own, then the record that
         names them (so a kill in between leaves the previous save whole), then delete the
-        learner's older saves."""
+        learner's older saves. ``compress``: stored compressed (mostly fp32 tensors: shuffled by 4)."""
         blob = keys.learner_state_blob(learner, total_steps, uuid.uuid4().hex[:8])
-        ref = self._put_blob(blob, data)
+        ref = self._put_compressed(blob, data, 4) if compress else self._put_blob(blob, data)
         record = LearnerStateRecord(learner=learner, run_id=run_id, total_steps=total_steps, state=ref)
         location = keys.learner_state_record(learner)
         self._mailbox.put(location, self._encode(location, record))
