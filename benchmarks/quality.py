@@ -429,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.straggler:
         from benchmarks import straggler
 
-        return straggler.main(Path(args.runs_dir), quick=args.quick)
+        return straggler.main(Path(args.runs_dir), quick=args.quick, seeds=args.seeds)
     if args.regimes:
         from benchmarks import regimes
 
