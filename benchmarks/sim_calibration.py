@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.round import COLLECT_PHASE, WRITE_PHASE, one_round
 from benchmarks.seaweed import Seaweed
-from benchmarks.targets import information, verdict
+from benchmarks.targets import information, verdict, within
 from gradientmail.simulate import Model
 from gradientmail.simulate.bottleneck import busiest_share, carried_per_round
 
@@ -54,10 +54,6 @@ FIXED_PHASES = (
 """Phases whose seconds do not grow with the round's bytes."""
 WRITE_PHASES = ("outer step", WRITE_PHASE, "other (finiteness of the result, to NumPy)")
 """Phases that grow with the fragment's bytes: the step, then the new parameters and the outer state written."""
-
-
-def within(tolerance: float) -> Any:
-    return lambda ratio: abs(ratio - 1.0) <= tolerance
 
 
 def calibrated_model(rounds: list[dict[str, Any]]) -> tuple[Model, dict[str, float]]:

@@ -86,6 +86,11 @@ def at_most(bound: float) -> Callable[[float], bool]:
     return lambda figure: figure <= bound
 
 
+def within(tolerance: float, of: float = 1.0) -> Callable[[float], bool]:
+    """``ok`` for a target that a figure meets by staying within ``tolerance`` (a share) of ``of``."""
+    return lambda figure: abs(figure - of) <= tolerance * abs(of)
+
+
 def verdict(
     target: str,
     figures: Sequence[float] | float | None,

@@ -25,6 +25,7 @@ from gradientmail.syncer.repair import restore_version
 from gradientmail.syncer.rounds import replay_round
 from gradientmail.syncer.runtime import SyncerRuntime
 from tests.run_procs import check_history, start_learner, unique_prefix
+from tests.test_quantized_exchange import learners_in_step
 
 NUMPY = get_backend("numpy")
 SHAPES = {"embed.weight": (64, 32), "mlp.weight": (32, 65), "mlp.bias": (7,)}
@@ -167,34 +168,12 @@ def test_the_field_is_a_run_field_and_refuses_other_names() -> None:
 def test_learners_train_through_compressed_contributions_and_commits() -> None:
     """Two real sessions exchange compressed blobs: every commit's blobs are compressed, both end
     holding the committed parameters, and the audit replays every round to the raw bytes."""
-    box = gm.MemoryMailbox()
     algorithm = gm.DiLoCo(sync_every=5, fragments=2, overlap_steps=0, flush_on_close=False, payload_compression="zstd")
-    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
-    models = [arrays(5, ml_dtypes.bfloat16) for _ in range(2)]
-    sessions = [
-        gm.Session(m, algorithm=algorithm, mailbox=box, learner_id=f"n{i}", options=options) for i, m in enumerate(models)
-    ]
-    for session in sessions:
-        session.open()
-    rng = np.random.default_rng(7)
-    for _ in range(30):
-        for model, session in zip(models, sessions, strict=True):
-            for value in model.values():
-                value -= (0.01 * rng.standard_normal(value.shape)).astype(value.dtype)
-            session.step(samples=4)
-    for session in sessions:
-        session.close()
-    store = RunStore(box)
+    store, newest, _ = learners_in_step(algorithm, [arrays(5, ml_dtypes.bfloat16) for _ in range(2)])
     spec = store.read_spec()
-    newest = [store.newest_version(f) or 0 for f in range(2)]
-    assert all(v >= 4 for v in newest)
     for fragment in range(2):
         record = store.read_round(fragment, newest[fragment])
         assert record.params.encoding == "zstd-shuffle" and record.params.wire_bytes < record.params.size_bytes
-        committed = store.load_version(spec, fragment, newest[fragment]).params
-        for name, value in committed.items():
-            for model in models:
-                np.testing.assert_array_equal(model[name], value)
     assert audit_run(store, spec).failures == []
 
 

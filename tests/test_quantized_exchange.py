@@ -201,11 +201,10 @@ def test_hostile_quantized_contributions_are_rejected_and_the_round_goes_on(quan
 # -- learners: error feedback and compact fetches --------------------------------------------
 
 
-def learners_on_compact_commits(algorithm: gm.DiLoCo, models: list[dict[str, np.ndarray]]) -> tuple[RunStore, list[int]]:
+def learners_in_step(algorithm: gm.DiLoCo, models: list[dict[str, np.ndarray]]) -> tuple[RunStore, list[int], list[gm.Session]]:
     """Two sessions of ``algorithm`` (two fragments, overlap 0, the guide's close) train 30 steps
-    each on one mailbox and close; they must have rebuilt commits from compact updates, never
-    fallen back, and end holding exactly the committed parameters. The store and the newest
-    version of each fragment, for the caller's own checks."""
+    each on one mailbox and close; they must end holding exactly the committed parameters. The
+    store, the newest version of each fragment and the sessions, for the caller's own checks."""
     box = gm.MemoryMailbox()
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)
     sessions = [
@@ -217,21 +216,27 @@ def learners_on_compact_commits(algorithm: gm.DiLoCo, models: list[dict[str, np.
     for _ in range(30):
         for model_, session in zip(models, sessions, strict=True):
             for value in model_.values():
-                value -= 0.01 * rng.standard_normal(value.shape).astype(np.float32)
+                value -= (0.01 * rng.standard_normal(value.shape).astype(np.float32)).astype(value.dtype)
             session.step(samples=4)
     for s in sessions:
         s.close()
     store = RunStore(box)
     newest = [store.newest_version(f) or 0 for f in range(2)]
     assert all(v >= 4 for v in newest)
-    assert sum(s.rebuilt_commits for s in sessions) >= 4
-    assert sum(s.rebuild_fallbacks for s in sessions) == 0
     spec = store.read_spec()
     for fragment in range(2):
         committed = store.load_version(spec, fragment, newest[fragment]).params
         for name, value in committed.items():
             for m in models:
                 np.testing.assert_array_equal(m[name], value)  # overlap 0: both hold the commit exactly
+    return store, newest, sessions
+
+
+def learners_on_compact_commits(algorithm: gm.DiLoCo, models: list[dict[str, np.ndarray]]) -> tuple[RunStore, list[int]]:
+    """``learners_in_step``, and they must have rebuilt commits from compact updates, never fallen back."""
+    store, newest, sessions = learners_in_step(algorithm, models)
+    assert sum(s.rebuilt_commits for s in sessions) >= 4
+    assert sum(s.rebuild_fallbacks for s in sessions) == 0
     return store, newest
 
 
