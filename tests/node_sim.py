@@ -5,6 +5,8 @@ wiring (``NodeLoops``)."""
 
 from __future__ import annotations
 
+import math
+import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +16,8 @@ import numpy as np
 
 import gradientmail as gm
 from gradientmail.backends import get_backend
+from gradientmail.mailbox import ForwardingMailbox
+from gradientmail.mailbox.base import ObjectInfo
 from gradientmail.session.exchange import Exchange
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.join import RunProposal, join_run
@@ -30,11 +34,17 @@ _OPS = frozenset({"get", "get_versioned", "head", "exists", "put", "create", "sw
 
 
 class CountingMailbox:
-    """Forwards to a mailbox, counting each request-making call by name."""
+    """Forwards to a mailbox, counting each request-making call by name (a stamped read counts
+    as the ``get_versioned`` it is)."""
 
     def __init__(self, inner: Any) -> None:
         self._inner = inner
         self.counts: Counter[str] = Counter()
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> Any:
+        """Defined here, not forwarded by ``__getattr__``: protocols are checked statically."""
+        self.counts["get_versioned"] += 1
+        return self._inner.get_stamped(key, max_bytes=max_bytes)
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._inner, name)
@@ -46,6 +56,36 @@ class CountingMailbox:
             return attr(*args, **kwargs)
 
         return call
+
+
+class CoarseStamps(ForwardingMailbox):
+    """The shared store as one whose stamps are truncated to ``resolution_s`` (S3: 1 s)."""
+
+    def __init__(self, inner: gm.MemoryMailbox, resolution_s: float) -> None:
+        super().__init__(inner)
+        self.resolution_s = resolution_s
+
+    def _coarse(self, info: ObjectInfo) -> ObjectInfo:
+        if info.modified_at is None:
+            return info
+        stamp = math.floor(info.modified_at / self.resolution_s) * self.resolution_s
+        return ObjectInfo(info.size, info.token, modified_at=stamp, modified_resolution_s=self.resolution_s)
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        data, info = self.inner.get_stamped(key, max_bytes=max_bytes)  # type: ignore[attr-defined]
+        return data, self._coarse(info)
+
+    def head(self, key: str) -> ObjectInfo | None:
+        info = self.inner.head(key)
+        return None if info is None else self._coarse(info)
+
+
+class NoStamps(ForwardingMailbox):
+    """The shared store as one whose reads carry no stamp: a versioned read of its own, so the
+    forwarded stamped read goes through it and says nothing of when (leases judged on sightings)."""
+
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        return self.inner.get_versioned(key, max_bytes=max_bytes)
 
 
 @dataclass
@@ -77,11 +117,29 @@ class Sim:
     """``k`` nodes of one run, their loops' passes run in due order on a fake clock: each node is
     the library's own wiring (``NodeLoops``), its threads never started."""
 
-    def __init__(self, k: int, quorum: int = 2, *, fragments: int = 1, layout: str = "one") -> None:
+    def __init__(
+        self,
+        k: int,
+        quorum: int = 2,
+        *,
+        fragments: int = 1,
+        layout: str = "one",
+        stamp_resolution_s: float | None = 0.0,
+        phase_seed: int | None = None,
+    ) -> None:
         """``fragments`` equal tensors ``w0``, ``w1``, … (one per fragment; ``w`` alone for one);
-        ``layout``: the run's ``syncer_layout``. Every node's lease says it runs a syncer."""
+        ``layout``: the run's ``syncer_layout``. Every node's lease says it runs a syncer. The
+        store stamps writes on the fake clock, exactly or truncated to ``stamp_resolution_s``
+        (S3: 1 s); None: it stamps no read (``NoStamps``). ``phase_seed``: each node's loops
+        start at a random instant of the first idle interval (else all at 0, in lock-step), so
+        reads and renewals of different nodes fall at every phase of each other's intervals."""
         self.clock = FakeClock()
-        shared = gm.MemoryMailbox()
+        memory = gm.MemoryMailbox(clock=self.clock)
+        shared: Any = memory
+        if stamp_resolution_s is None:
+            shared = NoStamps(memory)
+        elif stamp_resolution_s > 0:
+            shared = CoarseStamps(memory, stamp_resolution_s)
         self.shared = shared
         algorithm = gm.DiLoCo(sync_every=100, fragments=fragments, quorum_size=quorum, syncer_layout=layout)  # type: ignore[arg-type]
         self.spec: RunSpec
@@ -90,6 +148,7 @@ class Sim:
         self.anchors = [RunStore(shared).read_params(self.spec, RunStore(shared).read_round(f, 0)) for f in range(fragments)]
         self.anchor = self.anchors[0]
         self.nodes: list[Node] = []
+        rng = None if phase_seed is None else random.Random(phase_seed)
         for i in range(k):
             box = CountingMailbox(shared)
             node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
@@ -109,7 +168,7 @@ class Sim:
             )
             node.loops.start(threads=False)  # the first lease renewal and election pass
             node.passes = node.loops.passes()
-            node.next_at = [0.0] * len(node.passes)
+            node.next_at = [0.0 if rng is None else rng.uniform(0.0, IDLE_S) for _ in node.passes]
             self.nodes.append(node)
 
     def run_until(self, end: float, until: Callable[[], bool] | None = None) -> None:

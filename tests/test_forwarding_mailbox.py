@@ -20,13 +20,13 @@ import pytest
 import gradientmail.mailbox
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox, MemoryMailbox, MeteredMailbox, MinioMailbox, S3Mailbox
-from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet, HashingPut
+from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet, HashingPut, StampedGet
 from gradientmail.mailbox.metered import OPERATIONS
 
 PROTOCOL = frozenset(name for name in vars(Mailbox) if not name.startswith("_"))
 """The operations every store has (``url`` included), which ``ForwardingMailbox`` always defines."""
 
-OPTIONAL = {"get_sha256": HashingGet, "put_sha256": HashingPut}
+OPTIONAL = {"get_sha256": HashingGet, "put_sha256": HashingPut, "get_stamped": StampedGet}
 """Each optional capability with the protocol callers probe it with; must name exactly
 ``OPTIONAL_CAPABILITIES``."""
 
@@ -93,7 +93,32 @@ def test_a_wrapped_store_keeps_each_capability_its_inner_has(mailbox: Mailbox) -
         assert isinstance(wrapped, HashingGet)
         expected = (b"forwarded bytes", hashlib.sha256(b"forwarded bytes").hexdigest())
         assert wrapped.get_sha256("blobs/one", max_bytes=64) == mailbox.get_sha256("blobs/one", max_bytes=64) == expected
+    if isinstance(mailbox, StampedGet):
+        assert wrapped.get_stamped("blobs/one", max_bytes=64) == mailbox.get_stamped("blobs/one", max_bytes=64)  # type: ignore[attr-defined]
     assert wrapped.get("blobs/one") == b"forwarded bytes" and wrapped.url == mailbox.url
+
+
+class _FailingVersionedReads(ForwardingMailbox):
+    def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        raise KeyNotFound(f"{key}: this wrapper loses every versioned read")
+
+
+def test_a_wrapper_that_overrides_get_versioned_sees_stamped_reads_too() -> None:
+    """A fault in ``get_versioned`` is not bypassed by the forwarded stamped read; a read through
+    the wrapper's own ``get_versioned`` carries no stamp."""
+    inner = MemoryMailbox()
+    inner.put("k", b"abc")
+    failing = _FailingVersionedReads(inner)
+    assert isinstance(failing, StampedGet)
+    with pytest.raises(KeyNotFound, match="loses every"):
+        failing.get_stamped("k")
+
+    class Plain(ForwardingMailbox):
+        def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+            return self.inner.get_versioned(key, max_bytes=max_bytes)
+
+    data, info = Plain(inner).get_stamped("k")
+    assert (data, info.token, info.modified_at) == (b"abc", inner.head("k").token, None)  # type: ignore[union-attr]
 
 
 class _Hashing(MemoryMailbox):
@@ -195,6 +220,9 @@ def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailb
     assert metered.get("m/record") == b"second" and metered.list("m/") == ["m/record"]
     if isinstance(metered, HashingGet):
         assert metered.get_sha256("m/record")[1] == hashlib.sha256(b"second").hexdigest()
+    assert isinstance(metered, StampedGet) == isinstance(mailbox, StampedGet)
+    if isinstance(metered, StampedGet):
+        assert metered.get_stamped("m/record")[0] == b"second"
     assert isinstance(metered, HashingPut) == isinstance(mailbox, HashingPut)
     if isinstance(metered, HashingPut):
         assert metered.put_sha256("m/blob", b"blob") == (metered.head("m/blob").token, hashlib.sha256(b"blob").hexdigest())  # type: ignore[union-attr]
@@ -215,6 +243,7 @@ def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailb
         ("get", "ok"): expected_gets,
         ("list", "ok"): 1,
         ("delete", "ok"): 1,
+        **({("get_versioned", "ok"): 1} if isinstance(mailbox, StampedGet) else {}),
     }
     seconds = metered.counts.seconds()
     assert set(seconds) == set(metered.counts.requests()) and all(value >= 0 for value in seconds.values())

@@ -14,6 +14,7 @@ import pytest
 
 from gradientmail.errors import InvalidKey, KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
 from gradientmail.mailbox import FileMailbox, Mailbox, S3Mailbox, open_mailbox
+from gradientmail.mailbox.base import StampedGet
 from tests.s3_faults import GetObjectWire
 from tests.seaweedfs import S3Server
 
@@ -109,6 +110,26 @@ def test_head_says_when_the_store_stamped_each_write(mailbox: Mailbox) -> None:
         assert info is not None and info.modified_at is not None
         assert before - info.modified_resolution_s - 0.002 <= info.modified_at <= after + 0.002, (before, info, after)
     assert mailbox.head("stamped/none") is None
+
+
+def test_a_stamped_read_says_what_head_says_of_the_same_bytes(mailbox: Mailbox) -> None:
+    """``StampedGet`` (every store here has it): the bytes, and size, token and stamp of exactly
+    those bytes from the same answer, as a HEAD reports them; the same errors as ``get_versioned``."""
+    assert isinstance(mailbox, StampedGet)
+    token = mailbox.put("stamped/read", b"lease bytes")
+    data, info = mailbox.get_stamped("stamped/read", max_bytes=64)
+    head = mailbox.head("stamped/read")
+    assert data == b"lease bytes" and head is not None
+    assert (info.size, info.token, info.modified_at, info.modified_resolution_s) == (
+        head.size,
+        token,
+        head.modified_at,
+        head.modified_resolution_s,
+    )
+    with pytest.raises(ObjectTooLarge):
+        mailbox.get_stamped("stamped/read", max_bytes=4)
+    with pytest.raises(KeyNotFound):
+        mailbox.get_stamped("stamped/missing")
 
 
 def test_delete_is_idempotent(mailbox: Mailbox) -> None:

@@ -97,44 +97,56 @@ def test_each_of_eight_nodes_closes_one_of_eight_fragments(spread: Sim) -> None:
     assert all(v == 1 for v in far.exchange.known_versions), "the learners follow the coordinator's bulletin"
 
 
+def closing(sim: Sim, fragment: int) -> list[Node]:
+    return [node for node in sim.nodes if node.alive and fragment in node.syncer.assigned()]
+
+
 def test_a_dead_nodes_fragment_is_taken_over_while_the_others_keep_committing(spread: Sim) -> None:
     """INV-23 failover: a node's learner lease stops; the coordinator drops it from the live set
-    within TTL + an idle interval, reassigns its fragment, and the new owner reads the assignment
-    at its watch pace; meanwhile the other fragments commit."""
+    within TTL + one poll of its last renewal (INV-6, by the lease's stamp), reassigns its
+    fragment and closes it itself until the new owner has surely read the assignment; meanwhile
+    the other fragments commit, and then the new owner alone closes it."""
     sim = spread
     leader = sim.leader()
     assert leader is not None
     victim = next(n for n in sim.nodes if n is not leader)
     (fragment,) = victim.syncer.assigned()
+    written = victim.exchange.lease
+    sim.run_until(sim.clock.now + TTL_S, until=lambda: victim.exchange.lease is not written)
     victim.alive = victim.lease_alive = False
-    died_at = sim.clock.now
+    renewed = sim.clock.now
     other_fragment = next(f for f in range(8) if f != fragment)
     publish(sim, leader, other_fragment, 0)
-    sim.run_until(died_at + 4 * TTL_S, until=lambda: settled(sim))
-    taken_over_in = sim.clock.now - died_at
-    new_owner = owner_of(sim, fragment)
-    assert new_owner is not victim
-    assert taken_over_in <= TTL_S + 2 * IDLE_S + 3 * POLL_S, taken_over_in
+    sim.run_until(renewed + 4 * TTL_S, until=lambda: bool(closing(sim, fragment)))
+    assert sim.clock.now - renewed <= TTL_S + POLL_S + 0.01
+    assert closing(sim, fragment) == [leader], "the coordinator closes the orphan at once"
     assert RunStore(sim.shared).newest_version(other_fragment) == 1, "the others kept committing"
+    sim.run_until(sim.clock.now + IDLE_S + 3 * POLL_S)
+    new_owner = owner_of(sim, fragment)  # one closer again, once the handover window has passed
+    assert new_owner is not victim
     publish(sim, leader, fragment, 0)
     sim.run_until(sim.clock.now + 10.0, until=lambda: RunStore(sim.shared).newest_version(fragment) == 1)
     assert RunStore(sim.shared).read_round(fragment, 1).committed_by == new_owner.name
 
 
 def test_when_the_coordinator_dies_a_new_one_reassigns_its_fragments_at_once(spread: Sim) -> None:
-    """INV-23: the coordinator's syncer lease expires; the node that takes it over excludes the
-    dead holder from the assignment at once (its learner lease still looks live for a TTL)."""
+    """INV-23: the coordinator's syncer lease expires (INV-6: within TTL + one poll of its last
+    renewal); the node that takes it over excludes the dead holder from the assignment at once
+    (its learner lease still looks live for a TTL) and closes the dead holder's fragment until
+    its new owner has read the assignment."""
     sim = spread
     dead = sim.leader()
     assert dead is not None
     (fragment,) = dead.syncer.assigned()
     dead.alive = dead.lease_alive = False
     died_at = dead.syncer.election.renewed_at
-    sim.run_until(died_at + 4 * TTL_S, until=lambda: sim.leader() is not None and settled(sim))
+    sim.run_until(died_at + 4 * TTL_S, until=lambda: sim.leader() is not None and bool(closing(sim, fragment)))
     successor = sim.leader()
     assert successor is not None and successor is not dead
-    assert owner_of(sim, fragment) is not dead
-    assert sim.clock.now - died_at <= TTL_S + 2 * IDLE_S + 3 * POLL_S, sim.clock.now - died_at
+    assert sim.clock.now - died_at <= TTL_S + POLL_S + 0.01, sim.clock.now - died_at
+    assert closing(sim, fragment) == [successor]
+    sim.run_until(sim.clock.now + IDLE_S + 3 * POLL_S)
+    assert settled(sim) and owner_of(sim, fragment) is not dead
 
 
 def test_a_node_whose_learner_lease_stops_hands_its_fragment_over_and_stops_closing_it(spread: Sim) -> None:

@@ -31,14 +31,25 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._content import read_at_most
 from gradientmail.mailbox._s3_errors import error_code, http_status, stream_errors
 from gradientmail.mailbox.base import Gathered, joined
 
-__all__ = ["MAX_PARTS", "MIN_PART_BYTES", "Hasher", "TooLarge", "download", "download_hashed", "run_all", "upload"]
+__all__ = [
+    "MAX_PARTS",
+    "MIN_PART_BYTES",
+    "Downloaded",
+    "Hasher",
+    "TooLarge",
+    "download",
+    "download_hashed",
+    "download_stamped",
+    "run_all",
+    "upload",
+]
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 """S3's smallest allowed part (all but the last)."""
@@ -259,8 +270,33 @@ def download(
     Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
     most ``max_bytes + 1`` bytes of it.
     """
-    data, etag, _ = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
-    return data, etag
+    found = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
+    return found.data, found.etag
+
+
+class Downloaded(NamedTuple):
+    """One version of an object, read whole."""
+
+    data: bytes
+    etag: str
+    digest: str
+    """The hex digest of ``data`` when a hasher was given, else ""."""
+    modified_at: float | None
+    """The first answer's ``Last-Modified`` (whole seconds since the epoch); None if it had none."""
+
+
+def download_stamped(
+    client: Any,
+    executor: Executor,
+    *,
+    bucket: str,
+    key: str,
+    part_bytes: int,
+    max_attempts: int,
+    max_bytes: int | None = None,
+) -> Downloaded:
+    """:func:`download`, with the version's ``Last-Modified`` from the same answer."""
+    return _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
 
 
 def download_hashed(
@@ -279,7 +315,8 @@ def download_hashed(
     thread) as soon as every part of it is in, while later parts still stream. A restart
     (the object was replaced meanwhile) starts a new hash; the digest is always that of
     exactly the bytes returned."""
-    return _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, hasher)
+    found = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, hasher)
+    return found.data, found.etag, found.digest
 
 
 def _download(
@@ -291,7 +328,7 @@ def _download(
     max_attempts: int,
     max_bytes: int | None,
     hasher: Callable[[], Hasher] | None,
-) -> tuple[bytes, str, str]:
+) -> Downloaded:
     for _ in range(_READ_RESTARTS):
         found = _download_one_version(
             client,
@@ -357,7 +394,7 @@ def _download_one_version(
     max_attempts: int,
     max_bytes: int | None,
     hasher: Callable[[], Hasher] | None = None,
-) -> tuple[bytes, str, str] | None:
+) -> Downloaded | None:
     """Read the current version whole (and its digest when ``hasher`` is given, else ""),
     or return None if it was replaced meanwhile."""
     from botocore.exceptions import ClientError
@@ -373,6 +410,8 @@ def _download_one_version(
         in_parts = False
         try:
             etag = str(response["ETag"])
+            modified = response.get("LastModified")  # botocore parses the HTTP date: whole seconds
+            modified_at = modified.timestamp() if modified is not None else None
             declared = _declared_size(response)
             if max_bytes is not None and declared is not None and declared > max_bytes:
                 raise TooLarge(declared, max_bytes)
@@ -391,10 +430,10 @@ def _download_one_version(
                 _forget_locals(exc)
             else:
                 if hasher is None:
-                    return data, etag, ""
+                    return Downloaded(data, etag, "", modified_at)
                 whole = hasher()
                 whole.update(data)
-                return data, etag, whole.hexdigest()
+                return Downloaded(data, etag, whole.hexdigest(), modified_at)
             backoff(attempt)
         finally:
             if not in_parts:
@@ -459,7 +498,7 @@ def _download_one_version(
         raise
     finally:
         body.close()
-    return data, etag, digest.hexdigest() if digest is not None else ""
+    return Downloaded(data, etag, digest.hexdigest() if digest is not None else "", modified_at)
 
 
 def _open(client: Any, params: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ForwardingMailbox", "Gathered", "HashingGet", "HashingPut", "Mailbox", "ObjectInfo", "OPTIONAL_CAPABILITIES"]
+__all__ = [
+    "ForwardingMailbox",
+    "Gathered",
+    "HashingGet",
+    "HashingPut",
+    "Mailbox",
+    "ObjectInfo",
+    "OPTIONAL_CAPABILITIES",
+    "StampedGet",
+]
 
 Buffer = bytes | bytearray | memoryview
 """What a :class:`Gathered` payload is made of: anything with a contiguous byte buffer."""
@@ -218,10 +227,24 @@ class HashingPut(Protocol):
         ...
 
 
-OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256", "put_sha256")
+@runtime_checkable
+class StampedGet(Protocol):
+    """An optional capability of a store (checked with ``isinstance``): a versioned read that also
+    says when the store wrote the bytes it returns (``ObjectInfo.modified_at``), from the same
+    answer: S3's ``Last-Modified`` of the GET, a file's ``fstat`` while it is open. Lease observers
+    judge a lease's age by it (``store.leases``) with no HEAD of their own; stores without it are
+    judged on the observer's clock alone."""
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """:meth:`Mailbox.get_versioned` (same errors, same allowance), and the stored object's
+        size, token and stamp, all of exactly the bytes returned."""
+        ...
+
+
+OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256", "put_sha256", "get_stamped")
 """The operations some stores offer beyond :class:`Mailbox`, each with a protocol of its own that
 callers probe with ``isinstance`` (``get_sha256``: :class:`HashingGet`; ``put_sha256``:
-:class:`HashingPut`). :class:`ForwardingMailbox`
+:class:`HashingPut`; ``get_stamped``: :class:`StampedGet`). :class:`ForwardingMailbox`
 forwards every one its inner store has, so a wrapper never silently loses a capability; a store
 that grows a new one adds it here (``tests/test_forwarding_mailbox.py`` checks every store)."""
 
@@ -236,12 +259,18 @@ class ForwardingMailbox:
     which sees instance attributes but not ``__getattr__``. A subclass that defines one itself keeps
     its own. A subclass that overrides ``get`` has hashed reads go through its ``get`` and hashed
     afterwards, so its metering or faults see every read; override ``get_sha256`` as well to keep
-    hashing while the bytes arrive. The same holds for ``put`` and ``put_sha256``.
+    hashing while the bytes arrive. The same holds for ``put`` and ``put_sha256``, and for
+    ``get_versioned`` and ``get_stamped`` (read through the subclass's ``get_versioned``, such a
+    read carries no stamp).
     """
 
     def __init__(self, inner: Mailbox) -> None:
         self.inner = inner
-        forwarders = {"get_sha256": self._forward_get_sha256, "put_sha256": self._forward_put_sha256}
+        forwarders = {
+            "get_sha256": self._forward_get_sha256,
+            "put_sha256": self._forward_put_sha256,
+            "get_stamped": self._forward_get_stamped,
+        }
         for name in OPTIONAL_CAPABILITIES:
             if hasattr(inner, name) and not hasattr(type(self), name):
                 setattr(self, name, forwarders[name])
@@ -252,6 +281,13 @@ class ForwardingMailbox:
             data = self.get(key, max_bytes=max_bytes)
             return data, hashlib.sha256(data).hexdigest()
         return inner.get_sha256(key, max_bytes=max_bytes)
+
+    def _forward_get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        inner = self.inner
+        if type(self).get_versioned is not ForwardingMailbox.get_versioned or not isinstance(inner, StampedGet):
+            data, token = self.get_versioned(key, max_bytes=max_bytes)
+            return data, ObjectInfo(size=len(data), token=token)
+        return inner.get_stamped(key, max_bytes=max_bytes)
 
     def _forward_put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
         inner = self.inner

@@ -104,16 +104,23 @@ class FileMailbox:
         return self.get_versioned(key, max_bytes=max_bytes)[0]
 
     def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        data, info = self.get_stamped(key, max_bytes=max_bytes)
+        return data, info.token
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """:meth:`get_versioned`, and the file's mtime from the open file (``StampedGet``): a
+        replacement after the open is a new file, so the stamp is of the bytes read."""
         path = self._path(key)
         allowance = as_max_bytes(max_bytes)
         try:
             # Size from the open file, not the path: a replacement between a stat and the
             # open cannot slip a bigger version past the check.
             with open(path, "rb", buffering=0) as stream:
+                status = os.fstat(stream.fileno())
                 if allowance is None:
                     data = stream.read()
                 else:
-                    size = os.fstat(stream.fileno()).st_size
+                    size = status.st_size
                     if size > allowance:
                         raise too_large(key, self.url, size, allowance)
                     # Bounded even so: the file may grow after the fstat (someone writing
@@ -123,7 +130,8 @@ class FileMailbox:
                         raise too_large(key, self.url, None, allowance)
         except OSError as exc:
             raise self._error(exc, "get", key) from exc
-        return data, content_token(data)
+        stamp = status.st_mtime_ns / 1e9
+        return data, ObjectInfo(len(data), content_token(data), modified_at=stamp, modified_resolution_s=MTIME_RESOLUTION_S)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)

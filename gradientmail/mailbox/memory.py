@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 import weakref
+from collections.abc import Callable
 
 from gradientmail.errors import InvalidConfig, KeyNotFound, RecordExists, VersionConflict
 from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, content_token, too_large
@@ -30,13 +31,16 @@ class MemoryMailbox:
 
     ``MemoryMailbox()`` is private to its holder; :meth:`named` (and
     ``open_mailbox("memory://name")``) returns one process-wide mailbox per name, so two
-    opens of the same URL share state. Nothing survives the process.
+    opens of the same URL share state. Nothing survives the process. ``clock`` stamps the writes
+    (``ObjectInfo.modified_at``): this process is the store's clock; a test on a fake clock
+    passes its own.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self._objects: dict[str, tuple[bytes, str]] = {}
+        self._clock = clock
         self._written_at: dict[str, float] = {}
-        """When each object was last written (``time.time()``: this process is the store's clock)."""
+        """When each object was last written, on ``clock``."""
         self._lock = threading.Lock()
         with _registry_lock:
             self._name = f"anonymous-{uuid.uuid4().hex[:16]}"
@@ -74,15 +78,21 @@ class MemoryMailbox:
         return self.get_versioned(key, max_bytes=max_bytes)[0]
 
     def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        data, info = self.get_stamped(key, max_bytes=max_bytes)
+        return data, info.token
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """:meth:`get_versioned`, and when the bytes were written (``StampedGet``)."""
         validate_key(key)
         allowance = as_max_bytes(max_bytes)
         with self._lock:
             found = self._objects.get(key)
+            written_at = self._written_at.get(key)
         if found is None:
             raise KeyNotFound(f"mailbox key {key!r} not found in {self.url}")
         if allowance is not None and len(found[0]) > allowance:
             raise too_large(key, self.url, len(found[0]), allowance)
-        return found
+        return found[0], ObjectInfo(size=len(found[0]), token=found[1], modified_at=written_at)
 
     def head(self, key: str) -> ObjectInfo | None:
         validate_key(key)
@@ -100,7 +110,7 @@ class MemoryMailbox:
         token = content_token(payload)
         with self._lock:
             self._objects[key] = (payload, token)
-            self._written_at[key] = time.time()
+            self._written_at[key] = self._clock()
         return token
 
     def create(self, key: str, data: bytes) -> str:
@@ -111,7 +121,7 @@ class MemoryMailbox:
             if key in self._objects:
                 raise RecordExists(f"mailbox key {key!r} already exists in {self.url}")
             self._objects[key] = (payload, token)
-            self._written_at[key] = time.time()
+            self._written_at[key] = self._clock()
         return token
 
     def swap(self, key: str, data: bytes, expected_token: str) -> str:
@@ -126,7 +136,7 @@ class MemoryMailbox:
             if found[1] != expected_token:
                 raise VersionConflict(f"mailbox key {key!r} changed since its token was read")
             self._objects[key] = (payload, token)
-            self._written_at[key] = time.time()
+            self._written_at[key] = self._clock()
         return token
 
     def list(self, prefix: str = "") -> list[str]:

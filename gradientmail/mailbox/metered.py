@@ -17,14 +17,14 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from gradientmail.errors import KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
-from gradientmail.mailbox.base import ForwardingMailbox, Gathered, HashingGet, HashingPut, Mailbox, ObjectInfo
+from gradientmail.mailbox.base import ForwardingMailbox, Gathered, HashingGet, HashingPut, Mailbox, ObjectInfo, StampedGet
 
 __all__ = ["OPERATIONS", "MeteredMailbox", "RequestCounts"]
 
 T = TypeVar("T")
 
 OPERATIONS = ("get", "get_versioned", "head", "exists", "put", "create", "swap", "list", "delete")
-"""The operations counted (``get_sha256`` counts as ``get``)."""
+"""The operations counted (``get_sha256`` counts as ``get``, ``get_stamped`` as ``get_versioned``)."""
 
 _OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (KeyNotFound, "not_found"),
@@ -81,6 +81,13 @@ class MeteredMailbox(ForwardingMailbox):
                 return self._metered("put", lambda: putting.put_sha256(key, data))
 
             setattr(self, "put_sha256", put_sha256)  # noqa: B010 - as above
+        if isinstance(inner, StampedGet):  # the stamp comes with the read: count it as the read it is
+            stamped = inner
+
+            def get_stamped(key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+                return self._metered("get_versioned", lambda: stamped.get_stamped(key, max_bytes=max_bytes))
+
+            setattr(self, "get_stamped", get_stamped)  # noqa: B010 - as above
 
     def _metered(self, operation: str, request: Callable[[], T]) -> T:
         started = time.perf_counter()

@@ -233,18 +233,24 @@ class S3Mailbox:
         and, as soon as its headers are in, the remaining parts in parallel, each
         conditional on the first part's ETag; every part is read straight into the
         returned ``bytes``."""
-        data, etag, _ = self._download(key, max_bytes, None)
-        return data, etag
+        found = self._download(key, max_bytes, None)
+        return found.data, found.etag
+
+    def get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
+        """:meth:`get_versioned`, and the ``Last-Modified`` of the same answer (``StampedGet``)."""
+        found = self._download(key, max_bytes, None)
+        info = ObjectInfo(len(found.data), found.etag, modified_at=found.modified_at, modified_resolution_s=1.0)
+        return found.data, info
 
     def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """:meth:`get`, and the sha256 (hex) of the bytes returned, computed while they
         arrive (:class:`gradientmail.mailbox.base.HashingGet`): the parts are hashed in order
         as each stretch from the start completes, so the checksum ends with the download."""
-        data, _, digest = self._download(key, max_bytes, hashlib.sha256)
-        return data, digest
+        found = self._download(key, max_bytes, hashlib.sha256)
+        return found.data, found.digest
 
-    def _download(self, key: str, max_bytes: int | None, hasher: Callable[[], Hasher] | None) -> tuple[bytes, str, str]:
-        """Bytes, ETag and (with ``hasher``) the hex digest of the object at ``key``."""
+    def _download(self, key: str, max_bytes: int | None, hasher: Callable[[], Hasher] | None) -> _s3_transfer.Downloaded:
+        """Bytes, ETag, (with ``hasher``) the hex digest and the stamp of the object at ``key``."""
         object_key = self._object_key(key)
         allowance = as_max_bytes(max_bytes)
         try:
@@ -253,13 +259,13 @@ class S3Mailbox:
                 where = {"bucket": self._bucket, "key": object_key}
                 part_bytes, attempts = self._tuning.part_size_bytes, self._tuning.max_attempts
                 if hasher is None:
-                    data, etag = _s3_transfer.download(
+                    return _s3_transfer.download_stamped(
                         client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance
                     )
-                    return data, etag, ""
-                return _s3_transfer.download_hashed(
+                data, etag, digest = _s3_transfer.download_hashed(
                     client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance, hasher=hasher
                 )
+                return _s3_transfer.Downloaded(data, etag, digest, None)
         except _s3_transfer.TooLarge as exc:
             raise too_large(key, self.url, exc.size, exc.max_bytes) from None
 

@@ -44,6 +44,7 @@ from gradientmail.records import Lease, RoundRecord
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication, Residual
 from gradientmail.session.looking import LearnerSchedule, due_lead_s
 from gradientmail.store import UNKNOWN_HEAD, CommittedVersion, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
+from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer.rounds import Handed
 
 __all__ = ["Exchange"]
@@ -107,12 +108,13 @@ class Exchange:
         algorithm: DiLoCo | None = None,
         schedule: Callable[[], LearnerSchedule] | None = None,
         own_bulletin: Callable[[], RoundsBulletin | None] | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self._store = store
         self._spec = spec
         self._learner = learner_id
         self._fragments = list(fragments)
-        self._lease = LearnerLease(store, learner_id, lease_ttl_s)
+        self._lease = LearnerLease(store, learner_id, lease_ttl_s, clock=clock, store_clock=store_clock)
         self._lease_info = lease_info
         self._lease_loop = PollingLoop(f"gm-lease-{learner_id}", self.renew_lease, lease_ttl_s / 3)
         self._head_every_s = HEAD_CHECK_TTLS * lease_ttl_s

@@ -17,6 +17,7 @@ from gradientmail.session.exchange import Exchange
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.looking import LearnerSchedule
 from gradientmail.store import CommittedVersion, RoundsBulletin, RunSpec, RunStore
+from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.syncer.rounds import Handed
 
@@ -59,6 +60,9 @@ class NodeLoops:
         run_syncer: bool = True,
         schedule: Callable[[], LearnerSchedule] | None = None,
     ) -> None:
+        self.store_clock = StoreClock()
+        """The store's clock as this node knows it: sampled by its lease writes, read by its lease
+        observers (``store.leases``)."""
         self.exchange = Exchange(
             store,
             spec,
@@ -74,6 +78,7 @@ class NodeLoops:
             algorithm=algorithm,
             schedule=schedule,
             own_bulletin=self._own_bulletin,
+            store_clock=self.store_clock,
         )
         self.syncer: SyncerRuntime | None = None
         if run_syncer:
@@ -89,6 +94,7 @@ class NodeLoops:
                 on_syncer_lease=self.exchange.note_syncer_lease,
                 own_lease=lambda: self.exchange.lease,
                 watch_every=self.exchange.watch_interval_s,
+                store_clock=self.store_clock,
             )
 
     def passes(self) -> list[LoopPass]:

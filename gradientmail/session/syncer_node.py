@@ -29,6 +29,7 @@ from gradientmail.records import check_learner_id, default_learner_id
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import checked_manifest
 from gradientmail.store import RunSpec, RunStore
+from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer import SyncerRuntime
 
 __all__ = ["SyncerNode"]
@@ -111,6 +112,7 @@ class SyncerNode:
             poll_interval_s=self.poll_interval_s,
             idle_interval_s=self.idle_poll_interval_s,
             dedicated=True,
+            store_clock=StoreClock(),  # sampled by its syncer lease writes while it holds the lease
         )
         self.syncer.start()
         log.info(

@@ -106,6 +106,9 @@ class Model:
     """The run's lease TTL (store.spec.DEFAULT_LEASE_TTL_S)."""
     poll_s: float = 0.2
     """Session poll interval while a commit is awaited."""
+    stamp_resolution_s: float = 1.0
+    """How coarse the store's stamps of writes are (S3's ``Last-Modified``: 1 s): a lease is judged
+    dead up to this long after its TTL (INV-6)."""
     syncer_host_chips: int = 8
     """The syncer runs on one learner host: it fails with that host's chips (8 here)."""
 
@@ -202,9 +205,10 @@ class Model:
 
     @property
     def failover_s(self) -> float:
-        """A dead syncer is replaced within TTL + TTL/3 + a poll (INV-6), then loads the fragments."""
+        """A dead syncer is replaced within TTL + the store's stamp resolution + a poll (INV-6),
+        then loads the fragments."""
         load = self.store_latency_s + self.model_bytes / self.closing_bandwidth_bps
-        return self.lease_ttl_s + self.lease_ttl_s / 3 + self.poll_s + load
+        return self.lease_ttl_s + self.stamp_resolution_s + self.poll_s + load
 
     @property
     def round_period_s(self) -> float:

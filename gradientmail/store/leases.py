@@ -1,11 +1,23 @@
-"""Leases: liveness claims in the mailbox, judged on the observer's own monotonic clock.
+"""Leases: liveness claims in the mailbox, judged on the observer's own clock and the store's.
 
 Machines' wall clocks are never compared. A holder renews by writing a new ``sequence``;
-an observer remembers when it first saw each version token of a lease and calls the lease
-expired once that token has stayed unchanged for the run's TTL (the manifest's, never the
-TTL a lease claims for itself) on *its* clock, or the holder released it. A new observer
-therefore waits a full TTL before calling a lease dead. A lease that does not parse or does
-not verify under the run key is expired at once: nobody honest wrote it.
+an observer calls a lease expired once it has stood unchanged for the run's TTL (the
+manifest's, never the TTL a lease claims for itself), or the holder released it. How long it
+has stood still is the longer of two lower bounds:
+
+* **sightings**: how long the observer has seen the same version token, on its monotonic
+  clock (a new observer waits a full TTL);
+* **the store's stamp** of the lease write (``ObjectInfo.modified_at``, read with the lease
+  from stores that offer ``StampedGet``), when the node knows the store's clock
+  (``store.store_clock``, sampled from its own lease writes): the store's time now, at its
+  lowest, less the latest instant the stamp allows (stamp + resolution). It is not counted
+  beyond the time since the observer last saw another token there (a store clock stepped
+  back cannot age a lease it saw change).
+
+So a dead holder's lease is judged dead within the TTL plus the stamp's resolution and the
+clock's uncertainty, however rarely the observer reads it, instead of up to a read interval
+later; both bounds only ever call a lease dead late, never early. A lease that does not
+parse or does not verify under the run key is expired at once: nobody honest wrote it.
 """
 
 from __future__ import annotations
@@ -16,13 +28,24 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gradientmail.errors import DuplicateLearner, KeyNotFound, VersionConflict
+from gradientmail.errors import DuplicateLearner, GradientMailError, KeyNotFound, VersionConflict
 from gradientmail.records import Lease, check_learner_id, keys
 from gradientmail.store.run_store import LeaseRead, RunStore
+from gradientmail.store.store_clock import StoreClock
 
 log = logging.getLogger(__name__)
 
-__all__ = ["TRAINING", "Clock", "LeaseName", "LeaseObserver", "LearnerLease", "live_learners", "others_training", "trains"]
+__all__ = [
+    "TRAINING",
+    "Clock",
+    "LeaseName",
+    "LeaseObserver",
+    "LearnerLease",
+    "live_learners",
+    "others_training",
+    "sample_lease_write",
+    "trains",
+]
 
 Clock = Callable[[], float]
 
@@ -62,14 +85,25 @@ def _slot(name: LeaseName | str) -> str:
 class _Sighting:
     token: str
     first_seen: float
+    """The observer's clock at the first read that showed ``token``."""
+    last_read: float
+    """The observer's clock at the latest read that showed ``token``."""
+    changed_after: float | None
+    """The observer's clock at the last read that showed another token (None: first sighting):
+    the write of ``token`` came after it."""
+    written_at: float | None
+    """The store's stamp of the write of ``token`` (None: the store gave none)."""
+    resolution_s: float
 
 
 class LeaseObserver:
-    """Remembers when each lease last changed, on this node's clock."""
+    """Remembers when each lease last changed, on this node's clock and (with ``store_clock``)
+    the store's (module docstring)."""
 
-    def __init__(self, ttl_s: float, clock: Clock = time.monotonic) -> None:
+    def __init__(self, ttl_s: float, clock: Clock = time.monotonic, store_clock: StoreClock | None = None) -> None:
         self.ttl_s = ttl_s
         self._clock = clock
+        self._store_clock = store_clock
         self._sightings: dict[str, _Sighting] = {}
 
     def expired(self, name: LeaseName | str, found: LeaseRead) -> bool:
@@ -80,19 +114,57 @@ class LeaseObserver:
         now = self._clock()
         sighting = self._sightings.get(slot)
         if sighting is None or sighting.token != found.token:
-            self._sightings[slot] = _Sighting(found.token, now)
-            return found.lease.released
-        return found.lease.released or now - sighting.first_seen >= self.ttl_s
+            changed_after = None if sighting is None else sighting.last_read
+            sighting = _Sighting(found.token, now, now, changed_after, found.written_at, found.written_resolution_s)
+            self._sightings[slot] = sighting
+        sighting.last_read = now
+        return found.lease.released or self._standing(sighting, now) >= self.ttl_s
+
+    def _standing(self, sighting: _Sighting, now: float) -> float:
+        """How long the lease has certainly stood still: the longer of the two bounds."""
+        seen = now - sighting.first_seen
+        clock = self._store_clock
+        if sighting.written_at is None or clock is None or not clock.known:
+            return seen
+        stamped = now + clock.low - (sighting.written_at + sighting.resolution_s)
+        if sighting.changed_after is not None:
+            stamped = min(stamped, now - sighting.changed_after)
+        return max(seen, stamped)
 
     def unchanged_for(self, name: LeaseName | str) -> float:
-        """Seconds the lease ``name`` has shown the same token, on this clock; 0 if never seen."""
+        """Seconds the lease ``name`` has certainly stood still, as :meth:`expired` judges it; 0 if
+        never seen. Its TTL less this is when it expires unless it changes meanwhile."""
         sighting = self._sightings.get(_slot(name))
-        return 0.0 if sighting is None else self._clock() - sighting.first_seen
+        return 0.0 if sighting is None else self._standing(sighting, self._clock())
 
     def age(self, name: LeaseName | str) -> float | None:
-        """Seconds since the lease ``name`` was last seen to change; None if never seen (read-only)."""
+        """:meth:`unchanged_for`, None if never seen (read-only)."""
         sighting = self._sightings.get(_slot(name))
-        return None if sighting is None else self._clock() - sighting.first_seen
+        return None if sighting is None else self._standing(sighting, self._clock())
+
+
+CLOCK_TARGET_S = 0.05
+"""How closely lease writes pin the store's clock before they are sampled only now and then: a
+lease is judged dead at most this much (besides the stamp's resolution) after its TTL."""
+CLOCK_RESAMPLE_WRITES = 10
+"""Once the clock is pinned, every this many lease writes is sampled (at TTL 10 s and two
+leases a node, a HEAD every 17 s): a store clock that stepped restarts the bounds that soon."""
+
+
+def sample_lease_write(store: RunStore, store_clock: StoreClock, name: LeaseName, token: str, sent: float, clock: Clock) -> None:
+    """Add the write of lease ``name`` that this node sent at ``sent`` (on ``clock``) and that
+    returned ``token`` to ``store_clock`` when a sample is due (``StoreClock.sample_due``): one
+    HEAD for the store's stamp of it. A failed HEAD only costs the sample."""
+    returned = clock()
+    if not store_clock.sample_due(CLOCK_TARGET_S, CLOCK_RESAMPLE_WRITES):
+        return
+    try:
+        sample = store.lease_write_sample(name.key, token, sent, returned)
+    except GradientMailError as exc:
+        log.debug("no clock sample from the write of %s: %s", name.key, exc)
+        return
+    if sample is not None:
+        store_clock.add(sample)
 
 
 def live_learners(store: RunStore, observer: LeaseObserver, own: Lease | None = None) -> dict[str, Lease]:
@@ -137,12 +209,18 @@ class LearnerLease:
     it: a second process with our id, when it holds a valid learner lease of our id
     (``DuplicateLearner``); anything else there (garbage, another holder's lease, one that
     does not verify in a signed run) is overwritten and logged. No request beyond the writes
-    themselves, but for the read after a conflict."""
+    themselves, but for the read after a conflict and, given a ``store_clock``, one HEAD per
+    write for the store's stamp of it (a clock sample, module docstring)."""
 
-    def __init__(self, store: RunStore, learner: str, ttl_s: float) -> None:
+    def __init__(
+        self, store: RunStore, learner: str, ttl_s: float, *, clock: Clock = time.monotonic, store_clock: StoreClock | None = None
+    ) -> None:
         self._store = store
         self._learner = check_learner_id(learner)
         self._ttl_s = ttl_s
+        self._clock = clock
+        self._store_clock = store_clock
+        """Fed a sample by every write (a HEAD each): what this node's observers judge stamps on."""
         self._sequence = 0
         self._token: str | None = None
         self.written: Lease | None = None
@@ -159,8 +237,12 @@ class LearnerLease:
         lease = Lease(
             kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
         )
+        sent = self._clock()
         self._put(lease)
         self.written = lease
+        if self._store_clock is not None and self._token is not None:
+            name = LeaseName.of_learner(self._learner)
+            sample_lease_write(self._store, self._store_clock, name, self._token, sent, self._clock)
 
     def _put(self, lease: Lease) -> None:
         if self._token is None:

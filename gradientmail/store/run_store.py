@@ -35,7 +35,7 @@ from gradientmail.errors import (
     RecordExists,
 )
 from gradientmail.mailbox import Mailbox
-from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
+from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, StampedGet, joined
 from gradientmail.records import (
     SCHEMA_VERSION,
     BarrierArrival,
@@ -120,6 +120,10 @@ class LeaseRead:
     lease: Lease | None
     token: str
     problem: str = ""
+    written_at: float | None = None
+    """The store's stamp of this version's write (``ObjectInfo.modified_at``) from a store that
+    reads it with the bytes (``StampedGet``); None otherwise."""
+    written_resolution_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -688,17 +692,22 @@ class RunStore:
         Of an oversized lease only the syncer's needs its token (to be replaced by
         compare-and-swap); ``need_token=False`` skips that HEAD, which a directory store pays
         for by hashing the file."""
+        mailbox = self._mailbox
         try:
-            data, token = self._mailbox.get_versioned(key, max_bytes=Lease.max_bytes)
+            if isinstance(mailbox, StampedGet):
+                data, info = mailbox.get_stamped(key, max_bytes=Lease.max_bytes)
+                token, written_at, resolution_s = info.token, info.modified_at, info.modified_resolution_s
+            else:
+                (data, token), written_at, resolution_s = mailbox.get_versioned(key, max_bytes=Lease.max_bytes), None, 0.0
         except KeyNotFound:
             return None
         except ObjectTooLarge as exc:
             if not need_token:
                 return LeaseRead(None, "", str(exc))
-            info = self._mailbox.head(key)
-            return None if info is None else LeaseRead(None, info.token, str(exc))
+            found = self._mailbox.head(key)
+            return None if found is None else LeaseRead(None, found.token, str(exc))
         try:
-            return LeaseRead(self._parse(Lease, key, data), token)
+            return LeaseRead(self._parse(Lease, key, data), token, "", written_at, resolution_s)
         except InvalidRecord as exc:
             return LeaseRead(None, token, str(exc))
 
@@ -835,11 +844,19 @@ class RunStore:
         self._mailbox.put(location, b"{}")
         return self._sample(location, sent, clock())
 
-    def _sample(self, location: str, sent: float, returned: float) -> ClockSample | None:
+    def _sample(self, location: str, sent: float, returned: float, token: str | None = None) -> ClockSample | None:
+        """The clock sample of the write to ``location`` that was sent at ``sent`` and answered
+        at ``returned``: a HEAD for the store's stamp of it (None: no stamp, or, given the
+        write's ``token``, another write landed there since)."""
         info = self._mailbox.head(location)
-        if info is None or info.modified_at is None:
+        if info is None or info.modified_at is None or (token is not None and info.token != token):
             return None
         return ClockSample(sent, returned, info.modified_at, info.modified_resolution_s)
+
+    def lease_write_sample(self, name: str, token: str, sent: float, returned: float) -> ClockSample | None:
+        """The clock sample of a lease write this node made (``name``: the lease's key, as
+        ``store.leases.LeaseName.key`` gives it; ``token``: what the write returned); one HEAD."""
+        return self._sample(name, sent, returned, token)
 
     def barrier_nodes(self, barrier: str) -> set[str]:
         """The nodes with an arrival listed at ``barrier`` (one LIST; not yet read or verified)."""

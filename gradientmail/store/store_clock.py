@@ -58,6 +58,7 @@ class StoreClock:
         """The coarsest stamp resolution seen (what a probe can learn at best is its round trip)."""
         self.round_trip_s = math.inf
         """The shortest write seen, sent to returned: what a probe costs and what it narrows to."""
+        self._writes = 0
 
     @property
     def known(self) -> bool:
@@ -106,6 +107,13 @@ class StoreClock:
             return True
         floor = max(target_s, self.round_trip_s / 2 if math.isfinite(self.round_trip_s) else 0.0)
         return self.resolution_s > 0 and self.uncertainty_s > floor
+
+    def sample_due(self, target_s: float, every: int) -> bool:
+        """Whether to sample the write about to be made (a HEAD for its stamp): each one while a
+        sample could still narrow the bounds below ``target_s`` (:meth:`worth_probing`), then
+        every ``every``-th, so a stepped store clock shows as a restart. Counts the writes."""
+        self._writes += 1
+        return self.worth_probing(target_s) or self._writes % every == 0
 
     def next_probe_at(self, now: float) -> float:
         """When to send the next probe, not before ``now`` (``now`` itself when the bounds are

@@ -16,11 +16,11 @@ a longest-processing-time schedule, within 4/3 of the best possible busiest node
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from gradientmail.records import Lease
 
-__all__ = ["CLOSES", "assign_fragments", "closers"]
+__all__ = ["CLOSES", "assign_fragments", "closers", "orphaned"]
 
 CLOSES = "closes"
 """The key of a learner lease's ``info`` that is true when the node runs a syncer (roles
@@ -51,3 +51,13 @@ def assign_fragments(fragment_bytes: Sequence[int], nodes: Sequence[str]) -> tup
         size, count = load[node]
         load[node] = (size + fragment_bytes[fragment], count + 1)
     return tuple(owner)
+
+
+def orphaned(previous: Sequence[str], current: Sequence[str], closing: Collection[str]) -> set[int]:
+    """The fragments that ``current`` gives a new owner because their owner in ``previous`` is no
+    longer among the ``closing`` nodes (dead, or stopped closing): nobody closes them until the
+    new owner reads the assignment, at its watch pace, so the coordinator closes them meanwhile.
+    Empty when ``previous`` is no assignment of as many fragments."""
+    if len(previous) != len(current):
+        return set()
+    return {f for f, (old, new) in enumerate(zip(previous, current, strict=True)) if old and old not in closing and new != old}

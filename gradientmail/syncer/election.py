@@ -1,9 +1,12 @@
 """Electing the node that closes rounds, through one lease record and compare-and-swap.
 
 ``leases/syncer.json`` holds the holder and a term. The holder renews it by CAS every
-``ttl_s / 3``; every other node watches its version token on its own monotonic clock and,
-once it has stayed unchanged for ``ttl_s`` — the run's TTL from the manifest, whatever the
-lease claims — (or was released), tries to take over with ``term + 1`` by CAS. A lease that
+``ttl_s / 3``; every other node watches it (``store.leases.LeaseObserver``: its version token
+on the node's own monotonic clock and, where the store stamps reads, the stamp on the store's
+clock) and, once it has stood unchanged for ``ttl_s`` — the run's TTL from the manifest,
+whatever the lease claims — (or was released), tries to take over with ``term + 1`` by CAS.
+The holder counts its TTL from just before each write it made, so it gives up no later than
+any observer judges its lease dead; each write it makes is a sample of the store's clock. A lease that
 does not parse or does not verify under the run key is expired at once and replaced the same
 way, so garbage in the lease cannot stop commits. Exactly one CAS wins. Safety does not rest
 on the election (commits are create-once); it only keeps one node doing the work. The
@@ -38,7 +41,8 @@ from typing import Any
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.records import Lease
 from gradientmail.store import LeaseRead, RunStore
-from gradientmail.store.leases import Clock, LeaseName, LeaseObserver
+from gradientmail.store.leases import Clock, LeaseName, LeaseObserver, sample_lease_write
+from gradientmail.store.store_clock import StoreClock
 
 __all__ = ["Election"]
 
@@ -59,14 +63,16 @@ class Election:
         info: Callable[[], dict[str, Any]] | None = None,
         announce_gap_s: float = 0.0,
         on_read: Callable[[LeaseRead | None], None] | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self._store = store
+        self._store_clock = store_clock
         self.node_id = node_id
         self.dedicated = dedicated
         """A node that only syncs: it outranks the holder of a lease that is not dedicated."""
         self.ttl_s = ttl_s
         self._clock = clock
-        self._observer = LeaseObserver(ttl_s, clock)
+        self._observer = LeaseObserver(ttl_s, clock, store_clock)
         self._token: str | None = None  # our lease's token while we hold it
         self._renewed_at = 0.0
         self._sequence = 0
@@ -81,6 +87,7 @@ class Election:
         self._info = info
         self._announce_gap_s = announce_gap_s
         self._announced = False
+        self._urgent = False
         self._on_read = on_read
         self._expired_holder: tuple[str, float] | None = None
         """The holder whose unreleased lease this node took over as expired, and when."""
@@ -114,7 +121,7 @@ class Election:
             self._token = None
         if self._token is not None:
             age = self._clock() - self._renewed_at
-            if age >= self.ttl_s / 3 or (self._announced and age >= self._announce_gap_s):
+            if age >= self.ttl_s / 3 or (self._announced and (age >= self._announce_gap_s or self._urgent)):
                 self._renew()
             return self.is_leader
         found = self._store.read_syncer_lease()
@@ -155,10 +162,12 @@ class Election:
             return None
         return found[0]
 
-    def announce(self) -> None:
-        """The holder's bulletin changed: renew at the next pass (no later than ``announce_gap_s``
-        after the last renewal) instead of waiting for TTL/3. Nothing while not the holder."""
+    def announce(self, *, at_once: bool = False) -> None:
+        """The holder's bulletin changed: renew at the next pass (no sooner than ``announce_gap_s``
+        after the last renewal, ``at_once``: whatever the gap) instead of waiting for TTL/3.
+        Nothing while not the holder."""
         self._announced = self._token is not None
+        self._urgent = self._announced and (at_once or self._urgent)
 
     def resign(self) -> None:
         """Release the lease so another node takes over without waiting for the TTL."""
@@ -174,38 +183,49 @@ class Election:
         info: dict[str, object] = {} if released or self._info is None else dict(self._info())
         if self.dedicated:
             info["dedicated"] = True
-        self._announced = False
+        self._announced = self._urgent = False
         return Lease(
             kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released, info=info
         )
 
     def _create(self) -> None:
+        sent = self._clock()
         try:
             self._token = self._store.create_syncer_lease(self._lease(1))
         except RecordExists:
             return
-        self._won(1, takeover=False)
+        self._won(1, sent, takeover=False)
 
     def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
+        sent = self._clock()
         try:
             self._token = self._store.swap_syncer_lease(self._lease(term), expected)
         except (VersionConflict, KeyNotFound):
             return
-        self._won(term, takeover=takeover)
+        self._won(term, sent, takeover=takeover)
 
     def _renew(self) -> None:
         if self._token is None:
             return
+        sent = self._clock()
         try:
             self._token = self._store.swap_syncer_lease(self._lease(self.term), self._token)
-            self._renewed_at = self._clock()
         except (VersionConflict, KeyNotFound):
             log.warning("node %s lost the syncer lease (term %d)", self.node_id, self.term)
             self._token = None
+            return
+        self._wrote(sent)
 
-    def _won(self, term: int, *, takeover: bool) -> None:
+    def _wrote(self, sent: float) -> None:
+        """Our write sent at ``sent`` landed: the TTL counts from then, and (with a store clock)
+        the write is a clock sample."""
+        self._renewed_at = sent
+        if self._store_clock is not None and self._token is not None:
+            sample_lease_write(self._store, self._store_clock, LeaseName.SYNCER, self._token, sent, self._clock)
+
+    def _won(self, term: int, sent: float, *, takeover: bool) -> None:
         self.term, self.holder = term, self.node_id
-        self._renewed_at = self._clock()
+        self._wrote(sent)
         self.elections_won += 1
         self.takeovers += int(takeover)
         log.info("node %s holds the syncer lease, term %d%s", self.node_id, term, " (takeover)" if takeover else "")

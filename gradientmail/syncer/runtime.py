@@ -75,7 +75,8 @@ from gradientmail.store import (
     live_learners,
     trains,
 )
-from gradientmail.syncer.assignment import assign_fragments, closers
+from gradientmail.store.store_clock import StoreClock
+from gradientmail.syncer.assignment import assign_fragments, closers, orphaned
 from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
 from gradientmail.syncer.election import Election
 from gradientmail.syncer.grace import GraceEstimator
@@ -214,6 +215,7 @@ class SyncerRuntime:
         on_syncer_lease: Callable[[LeaseRead | None], None] | None = None,
         own_lease: Callable[[], Lease | None] | None = None,
         watch_every: Callable[[], float | None] | None = None,
+        store_clock: StoreClock | None = None,
     ) -> None:
         self.store = store
         self.backend = backend
@@ -230,6 +232,7 @@ class SyncerRuntime:
             info=lambda: self.bulletin().to_info(),
             announce_gap_s=poll_interval_s,
             on_read=self._syncer_lease_read,
+            store_clock=store_clock,
         )
         self._on_syncer_lease = on_syncer_lease
         self.spread = spec.algorithm.syncer_layout == "spread"
@@ -238,9 +241,14 @@ class SyncerRuntime:
         """While elected in a spread run: the assignment this node computed and announces."""
         self._read_assign: tuple[tuple[str, ...], float] | None = None
         """In a spread run, not elected: the newest assignment read in a live syncer lease, and when."""
+        self._interim: dict[int, float] = {}
+        """While elected in a spread run: fragments whose owner left, which this node closes until
+        their new owner has surely read the assignment (fragment → until, on this clock)."""
+        self._assignment_pending = False
+        """In a spread run: the live syncer lease read last has no assignment yet (a new coordinator)."""
         self._watched: dict[int, WatchedFragment] = {}
         """While elected in a spread run: the fragments other nodes close, followed for the bulletin."""
-        self._observer = LeaseObserver(ttl_s, clock)
+        self._observer = LeaseObserver(ttl_s, clock, store_clock)
         self._views: dict[int, FragmentView] = {}
         algorithm = spec.algorithm
         self._grace = [
@@ -356,12 +364,14 @@ class SyncerRuntime:
             holder=election.is_leader,
             lease_age_s=election.lease_age(),
             ttl_s=election.ttl_s,
-            watch_every_s=self._watch_every(),
+            watch_every_s=self._pacing.poll_interval_s if self._assignment_pending else self._watch_every(),
         )
         if not due:
             return
         self._pacing.election_read_at = now
-        election.poll()
+        held = election.is_leader
+        if election.poll() and not held:
+            self._loop.wake()  # elected: the rounds (and a spread run's assignment) start now
 
     def assigned(self) -> frozenset[int]:
         """The fragments whose rounds this node closes now: every one while elected; in a spread
@@ -371,7 +381,9 @@ class SyncerRuntime:
         if not self.spread:
             return frozenset(range(len(self.spec.fragments))) if leader else frozenset()
         if leader:
-            assign = self._assign
+            now = self._clock()
+            interim = {f for f, until in self._interim.items() if until > now}
+            return frozenset(f for f, node in enumerate(self._assign) if node == self.node_id) | interim
         else:
             found = self._read_assign
             if found is None or self._clock() - found[1] > ASSIGNMENT_KEPT_TTLS * self.election.ttl_s:
@@ -391,7 +403,7 @@ class SyncerRuntime:
         pacing = self._pacing
         leader = self.election.is_leader
         if not leader:
-            self._assign, self._watched = (), {}
+            self._assign, self._watched, self._interim = (), {}, {}
         if leader and self.spread and pacing.leases_due(self._leases_in(now)):
             self._read_leases()  # the assignment follows the live set
         mine = self.assigned()
@@ -484,9 +496,13 @@ class SyncerRuntime:
         (a live lease's: an expired one's is taken over, not followed); then hand it on."""
         if self.spread and found is not None and found.lease is not None and not found.lease.released:
             bulletin = RoundsBulletin.from_lease(found.lease, len(self.spec.fragments))
-            if bulletin is not None and bulletin.assign is not None:
-                self._read_assign = (bulletin.assign, self._clock())
-                if self.node_id in bulletin.assign:
+            assign = bulletin.assign if bulletin is not None else None
+            # a coordinator that has not assigned yet (just elected): its assignment follows
+            # within a poll or two (it announces at once), so watch at poll pace until it shows
+            self._assignment_pending = assign is None and found.lease.holder != self.node_id
+            if assign is not None:
+                self._read_assign = (assign, self._clock())
+                if self.node_id in assign:
                     self._loop.wake()
         if self._on_syncer_lease is not None:
             self._on_syncer_lease(found)
@@ -512,9 +528,10 @@ class SyncerRuntime:
                 self._announce()
             self._watched[fragment] = WatchedFragment(newest, listed)
 
-    def _announce(self) -> None:
-        """The bulletin changed (a commit, a round opened or reached quorum): renew the lease soon."""
-        self.election.announce()
+    def _announce(self, *, at_once: bool = False) -> None:
+        """The bulletin changed (a commit, a round opened or reached quorum): renew the lease soon
+        (``at_once``: whatever the announce gap)."""
+        self.election.announce(at_once=at_once)
         self._election_loop.wake()
 
     def grace_estimator(self, fragment: int) -> GraceEstimator:
@@ -540,11 +557,17 @@ class SyncerRuntime:
         self._pacing.expect(now, self.live.values())
         if self.spread and self.election.is_leader:
             dead = self.election.expired_holder(within_s=self.election.ttl_s)
-            assign = assign_fragments(self._fragment_bytes, closers(self.live, self.node_id, [dead] if dead else []))
+            nodes = closers(self.live, self.node_id, [dead] if dead else [])
+            assign = assign_fragments(self._fragment_bytes, nodes)
             if assign != self._assign:
                 log.info("node %s assigns the fragments' rounds: %s", self.node_id, ", ".join(assign))
-                self._assign = assign
-                self._announce()
+                before = self._assign or (self._read_assign[0] if self._read_assign is not None else ())
+                orphans = {f for f in orphaned(before, assign, nodes) if assign[f] != self.node_id}
+                handover = now + self._pacing.idle_interval_s + 2 * self._pacing.poll_interval_s
+                self._interim.update(dict.fromkeys(orphans, handover))
+                first, self._assign = not self._assign, assign
+                # a term's first assignment, or one that orphaned fragments: the others wait on it
+                self._announce(at_once=first or bool(orphans))
 
     def _leases_in(self, now: float) -> float:
         """Seconds until the elected node should read the learners' leases again (whether every
