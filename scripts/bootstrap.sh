@@ -6,6 +6,16 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${GRADIENTMAIL_VENV:-$repo_root/.venv}"
 python="${PYTHON:-python3}"
 
+# The library runs on Python 3.10; its development tools do not all (check-jsonschema 0.39,
+# pinned for the deploy-file tests, needs 3.11), so say so before pip fails on a resolver error.
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    echo "scripts/bootstrap.sh: the development environment (tests, benchmarks, the main job) needs" \
+        "Python 3.11 or newer; $python is $("$python" -c 'import platform; print(platform.python_version())')." \
+        "Set PYTHON=/path/to/python3.11 (or newer). The library alone installs on 3.10:" \
+        "pip install '.[torch,s3]' (docs/quickstart.md)." >&2
+    return 1 2>/dev/null || exit 1
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
     echo "setting up $venv" >&2
     "$python" -m venv "$venv"
