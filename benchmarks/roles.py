@@ -1,7 +1,8 @@
 """Roles: a run whose rounds a dedicated syncer closes, against the same learners closing them.
 
-    python -m benchmarks.roles                 # 2 learners, 300 steps, 2 repeats (~10 minutes on 2 cores)
+    python -m benchmarks.roles                 # 2 learners, 300 steps, 3 repeats (~15 minutes on 2 cores)
     python -m benchmarks.roles --steps 60 --repeats 1
+    python -m benchmarks.roles --takeover-only     # the three takeovers alone (~4 minutes)
 
 Every arm trains the demo GPT on Shakespeare with two learner processes (``demo.worker``, the
 quality benchmark's settings: one fragment, H = 50) on a directory mailbox, and is scored by the
@@ -19,9 +20,10 @@ The dedicated syncer's target is one-sided: its run commits as the ``both`` run 
 merged) and ends no worse than it beyond the run-to-run noise (the larger of the two arms'
 spreads over repeats).
 
-Then the takeover: two ``both`` nodes and a dedicated syncer; once the syncer has committed, it
-is killed with SIGKILL and the time until a training node holds the syncer lease is measured
-against its bound, the lease TTL plus an idle interval plus a poll (INV-6).
+Then the takeover, once per repeat: two ``both`` nodes and a dedicated syncer; once the syncer
+has committed, it is killed with SIGKILL and the time until a training node holds the syncer
+lease is measured against its bound, the lease TTL plus the store's stamp resolution (a
+directory's 10 ms) plus a poll (INV-6), from the kill (its last renewal came before).
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ from pathlib import Path
 
 import gradientmail as gm
 from benchmarks.quality import ROOT, Arm, gradientmail_arm
-from benchmarks.targets import check
-from gradientmail.polling import idle_interval
+from benchmarks.targets import MIN_RUNS, check
+from gradientmail.mailbox.directory import MTIME_RESOLUTION_S
 from gradientmail.store import RunStore
 
 ARMS = {
@@ -117,9 +119,7 @@ def takeover(workdir: Path, steps: int) -> tuple[float, float]:
         else:
             raise SystemExit("the dedicated syncer committed nothing in 600 s")
         spec = store.read_spec()
-        options = gm.SessionOptions()
-        idle = idle_interval(options.poll_interval_s, spec.lease_ttl_s, options.idle_poll_interval_s)
-        bound = spec.lease_ttl_s + idle + options.poll_interval_s
+        bound = spec.lease_ttl_s + MTIME_RESOLUTION_S + gm.SessionOptions().poll_interval_s
         syncer.send_signal(signal.SIGKILL)
         syncer.wait()
         killed = time.monotonic()
@@ -139,8 +139,13 @@ def takeover(workdir: Path, steps: int) -> tuple[float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=MIN_RUNS)
+    parser.add_argument("--takeover-only", action="store_true", help="only the takeovers after the dedicated syncer's kill")
     args = parser.parse_args(argv)
+    if args.takeover_only:
+        with tempfile.TemporaryDirectory(prefix="gm-roles-") as tmp:
+            judge_takeovers(Path(tmp), args.repeats, args.steps)
+        return 0
     print(f"roles: 2 learners, {args.steps} steps, H = 50, {args.repeats} repeats, {os.cpu_count()} cores", flush=True)
     losses: dict[str, list[float]] = {name: [] for name in ARMS}
     rounds: dict[str, list[int]] = {name: [] for name in ARMS}
@@ -194,14 +199,22 @@ def main(argv: list[str] | None = None) -> int:
         for v in judged:
             print(v.line())
         print("either + both: reported, not judged (an elected either node pauses, so its run is another run)")
-        seconds, bound = takeover(Path(tmp), steps=max(args.steps, 400))
-        taken = check(
-            f"takeover after the dedicated syncer's SIGKILL: {seconds:.2f} s ≤ TTL + idle + poll = {bound:.2f} s",
-            seconds <= bound,
-            runs=1,
-        )
-        print(taken.line())
+        judge_takeovers(Path(tmp), args.repeats, args.steps)
     return 0
+
+
+def judge_takeovers(workdir: Path, repeats: int, steps: int) -> None:
+    """Kill the dedicated syncer ``repeats`` times (a run each) and judge the slowest takeover."""
+    taken = [takeover(workdir / f"repeat-{repeat}", steps=max(steps, 400)) for repeat in range(repeats)]
+    bound = taken[0][1]
+    seconds = [s for s, _ in taken]
+    print(f"takeovers after the dedicated syncer's SIGKILL: {', '.join(f'{s:.2f} s' for s in seconds)}", flush=True)
+    verdict = check(
+        f"takeover after the dedicated syncer's SIGKILL: slowest {max(seconds):.2f} s ≤ TTL + stamp + poll = {bound:.2f} s",
+        max(seconds) <= bound,
+        runs=len(seconds),
+    )
+    print(verdict.line())
 
 
 if __name__ == "__main__":

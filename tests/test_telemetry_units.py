@@ -18,6 +18,7 @@ from gradientmail.session.join import RunProposal, join_run
 from gradientmail.settings import NodeSettings
 from gradientmail.store import RunStore
 from gradientmail.store.leases import LearnerLease
+from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer import Election, SyncerRuntime
 from gradientmail.telemetry import METRICS, hooks
 from gradientmail.telemetry.catalogue import PHASES
@@ -153,6 +154,25 @@ def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp
     clock.now += 1.5
     syncer.run_once()
     assert syncer.live == {} and syncer.learner_leases_expired == 1
+
+
+def test_a_learner_lease_already_dead_at_the_first_read_is_counted_once():
+    """INV-6: judged by its stamp, a lease that stopped a TTL before this node's first read of it
+    (a holder killed before a takeover) never enters the live set, and still counts as expired,
+    once per version, not once per read."""
+    clock = FakeClock(100.0)
+    box = gm.MemoryMailbox(clock=clock)  # the store's clock: the same fake time
+    store = RunStore(box)
+    proposal = RunProposal(gm.DiLoCo(), lease_ttl_s=10.0)
+    spec, _ = join_run(store, get_backend("numpy"), {"w": np.zeros(3, np.float32)}, proposal, "creator")
+    LearnerLease(store, "killed", 10.0).renew({})
+    clock.now += 30.0
+    store_clock = StoreClock()
+    LearnerLease(store, "node", 10.0, clock=clock, store_clock=store_clock).renew({})  # pins the store's clock
+    syncer = SyncerRuntime(store, get_backend("numpy"), spec, "node", poll_interval_s=0.2, clock=clock, store_clock=store_clock)
+    syncer.run_once()
+    syncer.run_once()
+    assert "killed" not in syncer.live and syncer.learner_leases_expired == 1
 
 
 def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():

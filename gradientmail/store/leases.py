@@ -167,10 +167,16 @@ def sample_lease_write(store: RunStore, store_clock: StoreClock, name: LeaseName
         store_clock.add(sample)
 
 
-def live_learners(store: RunStore, observer: LeaseObserver, own: Lease | None = None) -> dict[str, Lease]:
+def live_learners(
+    store: RunStore,
+    observer: LeaseObserver,
+    own: Lease | None = None,
+    on_expired: Callable[[str, LeaseRead], None] | None = None,
+) -> dict[str, Lease]:
     """Learners whose lease has not expired in ``observer``'s judgement (a lease counts only at its
     own holder's key). ``own``: the lease this node's learner wrote last, taken as it is instead of
-    read back (the node knows it is live; a released one is not)."""
+    read back (the node knows it is live; a released one is not). ``on_expired``: told of each
+    learner whose lease it judged expired without being released (for telemetry)."""
     live: dict[str, Lease] = {}
     if own is not None and not own.released:
         live[own.holder] = own
@@ -182,8 +188,12 @@ def live_learners(store: RunStore, observer: LeaseObserver, own: Lease | None = 
             continue
         lease = found.lease
         name = LeaseName.of_learner(learner)
-        if lease.kind == "learner" and lease.holder == learner and not observer.expired(name, found):
+        if lease.kind != "learner" or lease.holder != learner:
+            continue
+        if not observer.expired(name, found):
             live[lease.holder] = lease
+        elif on_expired is not None and not lease.released:
+            on_expired(learner, found)
     return live
 
 

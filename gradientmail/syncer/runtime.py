@@ -304,8 +304,10 @@ class SyncerRuntime:
         """Blobs of a loaded version this node rewrote by replay (``syncer.repair``)."""
         self.lost_races = 0
         self.learner_leases_expired = 0
-        """Learner leases this node saw expire unreleased while elected (only the elected node
-        watches them; for telemetry)."""
+        """Learner leases this node judged expired unreleased while closing rounds (only such a node
+        watches them; for telemetry): each version once."""
+        self._expired_tokens: dict[str, str] = {}
+        """Learner → the token of its lease last counted in ``learner_leases_expired``."""
 
     # -- lifecycle -----------------------------------------------------------------
     def start(self) -> None:
@@ -552,8 +554,7 @@ class SyncerRuntime:
         it knows): who is live, and when their next contributions are due (``due_in_s``, a hint:
         it only sets the pace of the listing)."""
         now = self._pacing.leases_read_at = self._clock()  # before the read: a failed one waits its turn
-        previous, self.live = self.live, live_learners(self.store, self._observer, own=self._own_lease())
-        self._count_expired(previous)
+        self.live = live_learners(self.store, self._observer, own=self._own_lease(), on_expired=self._lease_expired)
         self._pacing.expect(now, self.live.values())
         if self.spread and self.election.is_leader:
             dead = self.election.expired_holder(within_s=self.election.ttl_s)
@@ -579,12 +580,12 @@ class SyncerRuntime:
         expiries = (ttl_s - self._observer.unchanged_for(LeaseName.of_learner(learner)) for learner in self.live)
         return self._pacing.leases_in(now, waiting=waiting, expiries_s=expiries)
 
-    def _count_expired(self, previous: dict[str, Lease]) -> None:
-        """Count learners that left the live set because their lease went unrenewed for a TTL
-        (a released lease changed token just before, so it has not stood still that long)."""
-        for learner in previous.keys() - self.live.keys():
-            if self._observer.unchanged_for(LeaseName.of_learner(learner)) >= self._observer.ttl_s:
-                self.learner_leases_expired += 1
+    def _lease_expired(self, learner: str, found: LeaseRead) -> None:
+        """Count a learner lease judged expired unreleased, once per version of it (a lease seen
+        live that stopped, or one already dead at this node's first read after its election)."""
+        if self._expired_tokens.get(learner) != found.token:
+            self._expired_tokens[learner] = found.token
+            self.learner_leases_expired += 1
 
     # -- one fragment's round ------------------------------------------------------
     def advance(self, fragment: int) -> None:
