@@ -344,7 +344,7 @@ def test_the_hash_is_fed_in_order_in_whole_parts(make_s3_mailbox: Callable[..., 
         return recorded[-1]
 
     with ThreadPoolExecutor(4) as executor:
-        data, _, digest = transfer.download_hashed(
+        data, _, digest, _ = transfer.download(
             mailbox._client(),
             executor,
             bucket=mailbox.bucket,

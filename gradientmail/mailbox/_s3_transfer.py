@@ -11,7 +11,7 @@ pieces always belong to one version. Every part is read straight into its place 
 ``bytes`` that is returned (:func:`_assemble`): no part is joined or copied afterwards.
 A reader with an allowance (``max_bytes``) asks for at most ``max_bytes + 1`` bytes first
 and refuses a larger object from that response's headers, before reading any body.
-:func:`download_hashed` also hashes the object while it arrives: the calling thread feeds
+:func:`download` with a hasher also hashes the object while it arrives: the calling thread feeds
 the hash each contiguous stretch from the start as soon as all its parts are in, while the
 later parts still stream (issue 13: the checksum costs no pass of its own).
 
@@ -45,8 +45,6 @@ __all__ = [
     "Hasher",
     "TooLarge",
     "download",
-    "download_hashed",
-    "download_stamped",
     "run_all",
     "upload",
 ]
@@ -252,28 +250,6 @@ def upload(
         raise
 
 
-def download(
-    client: Any,
-    executor: Executor,
-    *,
-    bucket: str,
-    key: str,
-    part_bytes: int,
-    max_attempts: int,
-    max_bytes: int | None = None,
-) -> tuple[bytes, str]:
-    """Return the object's bytes and ETag, fetching parts of ``part_bytes`` in parallel.
-
-    The first ranged GET says the size; the other parts are requested as soon as its
-    headers are in, so its body streams while they do, and every part is read straight
-    into its place in the result (see :func:`_assemble`): no part is copied again.
-    Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
-    most ``max_bytes + 1`` bytes of it.
-    """
-    found = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
-    return found.data, found.etag
-
-
 class Downloaded(NamedTuple):
     """One version of an object, read whole."""
 
@@ -285,7 +261,7 @@ class Downloaded(NamedTuple):
     """The first answer's ``Last-Modified`` (whole seconds since the epoch); None if it had none."""
 
 
-def download_stamped(
+def download(
     client: Any,
     executor: Executor,
     *,
@@ -294,41 +270,21 @@ def download_stamped(
     part_bytes: int,
     max_attempts: int,
     max_bytes: int | None = None,
+    hasher: Callable[[], Hasher] | None = None,
 ) -> Downloaded:
-    """:func:`download`, with the version's ``Last-Modified`` from the same answer."""
-    return _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, None)
+    """Return the object's bytes, ETag and ``Last-Modified``, fetching parts of ``part_bytes``
+    in parallel.
 
-
-def download_hashed(
-    client: Any,
-    executor: Executor,
-    *,
-    bucket: str,
-    key: str,
-    part_bytes: int,
-    max_attempts: int,
-    max_bytes: int | None = None,
-    hasher: Callable[[], Hasher],
-) -> tuple[bytes, str, str]:
-    """:func:`download`, and the hex digest of the bytes returned by a fresh ``hasher()``
-    fed while they arrive: each contiguous stretch from the start is hashed (on the calling
-    thread) as soon as every part of it is in, while later parts still stream. A restart
-    (the object was replaced meanwhile) starts a new hash; the digest is always that of
-    exactly the bytes returned."""
-    found = _download(client, executor, bucket, key, part_bytes, max_attempts, max_bytes, hasher)
-    return found.data, found.etag, found.digest
-
-
-def _download(
-    client: Any,
-    executor: Executor,
-    bucket: str,
-    key: str,
-    part_bytes: int,
-    max_attempts: int,
-    max_bytes: int | None,
-    hasher: Callable[[], Hasher] | None,
-) -> Downloaded:
+    The first ranged GET says the size; the other parts are requested as soon as its
+    headers are in, so its body streams while they do, and every part is read straight
+    into its place in the result (see :func:`_assemble`): no part is copied again.
+    Raises ``TooLarge`` for an object over ``max_bytes`` (None: any size) having read at
+    most ``max_bytes + 1`` bytes of it. With ``hasher``, also the hex digest of the bytes
+    returned by a fresh ``hasher()`` fed while they arrive: each contiguous stretch from the
+    start is hashed (on the calling thread) as soon as every part of it is in, while later
+    parts still stream. A restart (the object was replaced meanwhile) starts a new hash; the
+    digest is always that of exactly the bytes returned.
+    """
     for _ in range(_READ_RESTARTS):
         found = _download_one_version(
             client,

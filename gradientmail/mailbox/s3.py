@@ -258,14 +258,9 @@ class S3Mailbox:
                 client, executor = self._client(), self._executor()
                 where = {"bucket": self._bucket, "key": object_key}
                 part_bytes, attempts = self._tuning.part_size_bytes, self._tuning.max_attempts
-                if hasher is None:
-                    return _s3_transfer.download_stamped(
-                        client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance
-                    )
-                data, etag, digest = _s3_transfer.download_hashed(
+                return _s3_transfer.download(
                     client, executor, **where, part_bytes=part_bytes, max_attempts=attempts, max_bytes=allowance, hasher=hasher
                 )
-                return _s3_transfer.Downloaded(data, etag, digest, None)
         except _s3_transfer.TooLarge as exc:
             raise too_large(key, self.url, exc.size, exc.max_bytes) from None
 
