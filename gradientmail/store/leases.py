@@ -134,8 +134,7 @@ class LeaseObserver:
     def unchanged_for(self, name: LeaseName | str) -> float:
         """Seconds the lease ``name`` has certainly stood still, as :meth:`expired` judges it; 0 if
         never seen. Its TTL less this is when it expires unless it changes meanwhile."""
-        sighting = self._sightings.get(_slot(name))
-        return 0.0 if sighting is None else self._standing(sighting, self._clock())
+        return self.age(name) or 0.0
 
     def age(self, name: LeaseName | str) -> float | None:
         """:meth:`unchanged_for`, None if never seen (read-only)."""
@@ -219,8 +218,8 @@ class LearnerLease:
     it: a second process with our id, when it holds a valid learner lease of our id
     (``DuplicateLearner``); anything else there (garbage, another holder's lease, one that
     does not verify in a signed run) is overwritten and logged. No request beyond the writes
-    themselves, but for the read after a conflict and, given a ``store_clock``, one HEAD per
-    write for the store's stamp of it (a clock sample, module docstring)."""
+    themselves, but for the read after a conflict and, given a ``store_clock``, a HEAD for the
+    store's stamp of a write when a clock sample is due (``sample_lease_write``)."""
 
     def __init__(
         self, store: RunStore, learner: str, ttl_s: float, *, clock: Clock = time.monotonic, store_clock: StoreClock | None = None
@@ -230,7 +229,8 @@ class LearnerLease:
         self._ttl_s = ttl_s
         self._clock = clock
         self._store_clock = store_clock
-        """Fed a sample by every write (a HEAD each): what this node's observers judge stamps on."""
+        """Sampled by this lease's writes when a sample is due (``sample_lease_write``): what this
+        node's observers judge stamps on."""
         self._sequence = 0
         self._token: str | None = None
         self.written: Lease | None = None

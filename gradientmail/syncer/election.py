@@ -6,8 +6,8 @@ on the node's own monotonic clock and, where the store stamps reads, the stamp o
 clock) and, once it has stood unchanged for ``ttl_s`` — the run's TTL from the manifest,
 whatever the lease claims — (or was released), tries to take over with ``term + 1`` by CAS.
 The holder counts its TTL from just before each write it made, so it gives up no later than
-any observer judges its lease dead; each write it makes is a sample of the store's clock. A lease that
-does not parse or does not verify under the run key is expired at once and replaced the same
+any observer judges its lease dead; its writes sample the store's clock (``sample_lease_write``).
+A lease that does not parse or does not verify under the run key is expired at once and replaced the same
 way, so garbage in the lease cannot stop commits. Exactly one CAS wins. Safety does not rest
 on the election (commits are create-once); it only keeps one node doing the work. The
 syncer runtime polls the election on a thread of its own, so renewals never wait for transfers.
