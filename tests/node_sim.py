@@ -101,6 +101,8 @@ class Node:
     next_at: list[float] = field(default_factory=list)
     alive: bool = True
     lease_alive: bool = True
+    lease_written_at: float = 0.0
+    """The fake clock at this node's latest learner lease write (its lease pass)."""
 
     @property
     def exchange(self) -> Exchange:
@@ -183,6 +185,8 @@ class Sim:
             loop_pass = node.passes[i]
             if loop_pass.name != "lease" or node.lease_alive:
                 loop_pass.run()
+                if loop_pass.name == "lease":
+                    node.lease_written_at = self.clock.now
             node.next_at[i] = self.clock.now + max(loop_pass.loop.next_pause(), 1e-3)
             loop_pass.loop.take_wake()  # the pass's own wake-ups (a hurry) are in its next pause
             for other in self.nodes:  # another loop woken by this pass (a commit, an announcement) runs next

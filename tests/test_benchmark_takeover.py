@@ -1,5 +1,5 @@
-"""The failover benchmark runs end to end (its quick mode) and writes every scenario × store it
-prints, no takeover before a TTL has passed since the dead node's last renewal (INV-6: leases are
+"""The failover benchmark runs end to end (its quick mode) and writes every stage × scenario ×
+store it prints, no takeover before a TTL has passed since the dead node's last renewal (INV-6: leases are
 never judged dead early). The TTL + one poll target lives in the benchmark
 (``python -m benchmarks.takeover``)."""
 
@@ -23,7 +23,8 @@ def test_quick_takeover_times_each_scenario_on_each_store(tmp_path):
     result = json.loads(result_file.read_text())
     scenarios = ("syncer", "learner", "spread-node", "spread-coordinator")
     stores = ("exact", "directory", "s3", "no stamps")
-    assert set(result["runs"]) == {f"{s}/{store}" for s in scenarios for store in stores}
+    stages = ("cold", "warm")
+    assert set(result["runs"]) == {f"{stage}/{s}/{store}" for stage in stages for s in scenarios for store in stores}
     for times in result["runs"].values():  # never before the TTL has passed since the last renewal
         assert all(result["ttl_s"] - 1e-6 <= t < 2 * result["ttl_s"] for seed in times for t in seed), times
-    assert len(result["targets"]) == 16 and "[information" in done.stdout
+    assert len(result["targets"]) == 32 and "[information" in done.stdout

@@ -634,3 +634,7 @@ class Exchange:
             log.error("%s", exc)
             self.failure = exc
             self._on_change()
+            return
+        probe_in = self._lease.next_probe_in()
+        if probe_in is not None:  # the next renewal also pins the store's clock (store.leases)
+            self._lease_loop.pause_at_most(probe_in)

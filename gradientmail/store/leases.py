@@ -12,17 +12,23 @@ has stood still is the longer of two lower bounds:
   (``store.store_clock``, sampled from its own lease writes): the store's time now, at its
   lowest, less the latest instant the stamp allows (stamp + resolution). It is not counted
   beyond the time since the observer last saw another token there (a store clock stepped
-  back cannot age a lease it saw change).
+  back cannot age a lease it saw change). Within the stamp's tick, the holder's own claim
+  narrows the latest instant: a holder that knows the store's clock writes in its lease
+  (``info["sent_by"]``, :func:`sent_by`) the store's time, at its latest, when it sent the
+  write, the instant it counts its own TTL from; observers take the earlier of that and the
+  stamp's end, never earlier than the stamp itself.
 
-So a dead holder's lease is judged dead within the TTL plus the stamp's resolution and the
-clock's uncertainty, however rarely the observer reads it, instead of up to a read interval
-later; both bounds only ever call a lease dead late, never early. A lease that does not
+So a dead holder's lease is judged dead within the TTL plus the clocks' uncertainty (plus the
+stamp's resolution from a holder that makes no claim), however rarely the observer reads it,
+instead of up to a read interval later; both bounds only ever call a lease dead after the
+holder has given it up (a holder's claim wrong by a stepped clock, at most one tick early). A lease that does not
 parse or does not verify under the run key is expired at once: nobody honest wrote it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,12 +44,15 @@ log = logging.getLogger(__name__)
 __all__ = [
     "TRAINING",
     "Clock",
+    "ClockProbing",
     "LeaseName",
     "LeaseObserver",
     "LearnerLease",
+    "SENT_BY",
     "live_learners",
     "others_training",
     "sample_lease_write",
+    "sent_by",
     "trains",
 ]
 
@@ -94,6 +103,9 @@ class _Sighting:
     written_at: float | None
     """The store's stamp of the write of ``token`` (None: the store gave none)."""
     resolution_s: float
+    sent_by: float | None
+    """The holder's claim (``info["sent_by"]``): the store's time, at its latest, when it sent the
+    write (None: no claim)."""
 
 
 class LeaseObserver:
@@ -115,7 +127,9 @@ class LeaseObserver:
         sighting = self._sightings.get(slot)
         if sighting is None or sighting.token != found.token:
             changed_after = None if sighting is None else sighting.last_read
-            sighting = _Sighting(found.token, now, now, changed_after, found.written_at, found.written_resolution_s)
+            sighting = _Sighting(
+                found.token, now, now, changed_after, found.written_at, found.written_resolution_s, _claim(found.lease)
+            )
             self._sightings[slot] = sighting
         sighting.last_read = now
         return found.lease.released or self._standing(sighting, now) >= self.ttl_s
@@ -126,7 +140,7 @@ class LeaseObserver:
         clock = self._store_clock
         if sighting.written_at is None or clock is None or not clock.known:
             return seen
-        stamped = now + clock.low - (sighting.written_at + sighting.resolution_s)
+        stamped = now + clock.low - latest_write(sighting.written_at, sighting.resolution_s, sighting.sent_by)
         if sighting.changed_after is not None:
             stamped = min(stamped, now - sighting.changed_after)
         return max(seen, stamped)
@@ -142,12 +156,79 @@ class LeaseObserver:
         return None if sighting is None else self._standing(sighting, self._clock())
 
 
-CLOCK_TARGET_S = 0.05
+def latest_write(stamp: float, resolution_s: float, claim: float | None) -> float:
+    """The latest store time a lease write stamped ``stamp`` counts from: the stamp's end, or the
+    holder's ``claim`` (:data:`SENT_BY`) where that is earlier, but never before the stamp, so a
+    claim wrong by a stepped clock costs at most one tick."""
+    latest = stamp + resolution_s
+    return latest if claim is None else min(latest, max(stamp, claim))
+
+
+SENT_BY = "sent_by"
+"""The key of a lease's ``info`` holding the holder's claim: the store's time, at its latest
+(``StoreClock.high``), when it sent the write. Absent until the holder has sampled the store's
+clock; an old node's lease without it is judged by the stamp alone."""
+
+
+def sent_by(store_clock: StoreClock | None, sent: float) -> dict[str, float]:
+    """The claim to put in a lease's ``info`` for a write sent at local ``sent``: ``{SENT_BY: the
+    store's time at its latest then}``, or nothing while the store's clock is unknown."""
+    if store_clock is None or not store_clock.known:
+        return {}
+    return {SENT_BY: sent + store_clock.high}
+
+
+def _claim(lease: Lease) -> float | None:
+    """A lease's :data:`SENT_BY`, when it is a finite number (anything else is no claim)."""
+    claim = lease.info.get(SENT_BY)
+    if isinstance(claim, bool) or not isinstance(claim, int | float) or not math.isfinite(claim):
+        return None
+    return float(claim)
+
+
+CLOCK_TARGET_S = 0.01
 """How closely lease writes pin the store's clock before they are sampled only now and then: a
 lease is judged dead at most this much (besides the stamp's resolution) after its TTL."""
 CLOCK_RESAMPLE_WRITES = 10
 """Once the clock is pinned, every this many lease writes is sampled (at TTL 10 s and two
 leases a node, a HEAD every 17 s): a store clock that stepped restarts the bounds that soon."""
+
+
+PROBE_WRITES = 16
+"""Lease writes a node times to the store's ticks (``StoreClock.next_probe_at``) while its clock
+estimate is wider than ``CLOCK_TARGET_S``, per restart of the estimate: 1 s stamps narrow to
+50 ms in about three ticks (``PROBES_PER_TICK`` writes each), so this is room to spare."""
+PROBE_RESTARTS = 3
+"""After this many restarts of the estimate (a store whose stamps contradict each other, such as
+one that rounds them) writes are no longer timed: the stamp then counts on its own."""
+
+
+class ClockProbing:
+    """When a lease holder's next write should go so that it also pins the store's clock: the
+    holder's claim (:func:`sent_by`) is only as tight as that clock, and writes at the regular
+    pace fall at phases of the store's tick that narrow it slowly (a renewal every TTL/3 of 10 s
+    repeats its phase every three writes). Bounded: at most :data:`PROBE_WRITES` timed writes
+    per restart of the estimate, none after :data:`PROBE_RESTARTS` restarts."""
+
+    def __init__(self, store_clock: StoreClock) -> None:
+        self._store_clock = store_clock
+        self._restarts = store_clock.restarts
+        self._probes = 0
+
+    def next_in(self, now: float) -> float | None:
+        """Seconds from ``now`` until the next write should be sent, counted as one timed write;
+        None to keep the regular pace (the clock is pinned, unknown, exact or not worth it)."""
+        clock = self._store_clock
+        if not clock.known or clock.resolution_s <= 0 or clock.restarts > PROBE_RESTARTS:
+            return None
+        if not clock.worth_probing(CLOCK_TARGET_S):
+            return None
+        if clock.restarts != self._restarts:
+            self._restarts, self._probes = clock.restarts, 0
+        if self._probes >= PROBE_WRITES:
+            return None
+        self._probes += 1
+        return clock.next_probe_at(now) - now
 
 
 def sample_lease_write(store: RunStore, store_clock: StoreClock, name: LeaseName, token: str, sent: float, clock: Clock) -> None:
@@ -231,6 +312,7 @@ class LearnerLease:
         self._store_clock = store_clock
         """Sampled by this lease's writes when a sample is due (``sample_lease_write``): what this
         node's observers judge stamps on."""
+        self._probing = None if store_clock is None else ClockProbing(store_clock)
         self._sequence = 0
         self._token: str | None = None
         self.written: Lease | None = None
@@ -242,12 +324,18 @@ class LearnerLease:
     def release(self) -> None:
         self._write(released=True, info={})
 
+    def next_probe_in(self) -> float | None:
+        """Seconds until the next renewal should be sent to pin the store's clock
+        (:class:`ClockProbing`); None: renew at the regular pace."""
+        return None if self._probing is None else self._probing.next_in(self._clock())
+
     def _write(self, *, released: bool, info: dict[str, object]) -> None:
         self._sequence += 1
+        sent = self._clock()
+        info = {**info, **sent_by(self._store_clock, sent)}
         lease = Lease(
             kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
         )
-        sent = self._clock()
         self._put(lease)
         self.written = lease
         if self._store_clock is not None and self._token is not None:

@@ -41,7 +41,7 @@ from typing import Any
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.records import Lease
 from gradientmail.store import LeaseRead, RunStore
-from gradientmail.store.leases import Clock, LeaseName, LeaseObserver, sample_lease_write
+from gradientmail.store.leases import Clock, ClockProbing, LeaseName, LeaseObserver, sample_lease_write, sent_by
 from gradientmail.store.store_clock import StoreClock
 
 __all__ = ["Election"]
@@ -73,6 +73,9 @@ class Election:
         self.ttl_s = ttl_s
         self._clock = clock
         self._observer = LeaseObserver(ttl_s, clock, store_clock)
+        self._probing = None if store_clock is None else ClockProbing(store_clock)
+        self._probe_at: float | None = None
+        """When the holder's next renewal should go to pin the store's clock (None: when due)."""
         self._token: str | None = None  # our lease's token while we hold it
         self._renewed_at = 0.0
         self._sequence = 0
@@ -121,7 +124,8 @@ class Election:
             self._token = None
         if self._token is not None:
             age = self._clock() - self._renewed_at
-            if age >= self.ttl_s / 3 or (self._announced and (age >= self._announce_gap_s or self._urgent)):
+            probe = self._probe_at is not None and self._clock() >= self._probe_at
+            if probe or age >= self.ttl_s / 3 or (self._announced and (age >= self._announce_gap_s or self._urgent)):
                 self._renew()
             return self.is_leader
         found = self._store.read_syncer_lease()
@@ -173,16 +177,18 @@ class Election:
         """Release the lease so another node takes over without waiting for the TTL."""
         if self._token is None:
             return
-        lease = self._lease(self.term, released=True)
+        lease = self._lease(self.term, self._clock(), released=True)
         with contextlib.suppress(VersionConflict, KeyNotFound):  # deposed already: nothing to release
             self._store.swap_syncer_lease(lease, self._token)
         self._token = None
 
-    def _lease(self, term: int, released: bool = False) -> Lease:
+    def _lease(self, term: int, sent: float, released: bool = False) -> Lease:
+        """The lease to write at local time ``sent`` (the holder's claim of it, ``sent_by``)."""
         self._sequence += 1
         info: dict[str, object] = {} if released or self._info is None else dict(self._info())
         if self.dedicated:
             info["dedicated"] = True
+        info.update(sent_by(self._store_clock, sent))
         self._announced = self._urgent = False
         return Lease(
             kind="syncer", holder=self.node_id, term=term, sequence=self._sequence, ttl_s=self.ttl_s, released=released, info=info
@@ -191,7 +197,7 @@ class Election:
     def _create(self) -> None:
         sent = self._clock()
         try:
-            self._token = self._store.create_syncer_lease(self._lease(1))
+            self._token = self._store.create_syncer_lease(self._lease(1, sent))
         except RecordExists:
             return
         self._won(1, sent, takeover=False)
@@ -199,7 +205,7 @@ class Election:
     def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
         sent = self._clock()
         try:
-            self._token = self._store.swap_syncer_lease(self._lease(term), expected)
+            self._token = self._store.swap_syncer_lease(self._lease(term, sent), expected)
         except (VersionConflict, KeyNotFound):
             return
         self._won(term, sent, takeover=takeover)
@@ -209,7 +215,7 @@ class Election:
             return
         sent = self._clock()
         try:
-            self._token = self._store.swap_syncer_lease(self._lease(self.term), self._token)
+            self._token = self._store.swap_syncer_lease(self._lease(self.term, sent), self._token)
         except (VersionConflict, KeyNotFound):
             log.warning("node %s lost the syncer lease (term %d)", self.node_id, self.term)
             self._token = None
@@ -220,8 +226,20 @@ class Election:
         """Our write sent at ``sent`` landed: the TTL counts from then, and (with a store clock)
         the write is a clock sample."""
         self._renewed_at = sent
+        self._probe_at = None
         if self._store_clock is not None and self._token is not None:
             sample_lease_write(self._store, self._store_clock, LeaseName.SYNCER, self._token, sent, self._clock)
+        if self._probing is not None:
+            now = self._clock()
+            probe_in = self._probing.next_in(now)
+            self._probe_at = None if probe_in is None else now + probe_in
+
+    def next_probe_in(self) -> float | None:
+        """Seconds until the holder's next renewal should go so that it also pins the store's
+        clock (``store.leases.ClockProbing``); None: it renews when due. For the loop's pause."""
+        if self._token is None or self._probe_at is None:
+            return None
+        return max(0.0, self._probe_at - self._clock())
 
     def _won(self, term: int, sent: float, *, takeover: bool) -> None:
         self.term, self.holder = term, self.node_id

@@ -374,6 +374,9 @@ class SyncerRuntime:
         held = election.is_leader
         if election.poll() and not held:
             self._loop.wake()  # elected: the rounds (and a spread run's assignment) start now
+        probe_in = election.next_probe_in()
+        if probe_in is not None:  # the holder's next renewal also pins the store's clock
+            self._election_loop.pause_at_most(probe_in)
 
     def assigned(self) -> frozenset[int]:
         """The fragments whose rounds this node closes now: every one while elected; in a spread
