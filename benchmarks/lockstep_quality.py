@@ -6,7 +6,7 @@
 
 An in-process synchronous DiLoCo (``demo/reference.py``'s loop, no mailbox, nothing dropped)
 whose merge is the library's own (``merge_tensors_scaled`` with ``gm.WeightedMean()``,
-``gm.RDA()`` or ``gm.IsoC()``), whose outer step is the library's ``NesterovOuter`` and whose
+``gm.Rda()`` or ``gm.IsoC()``), whose outer step is the library's ``NesterovOuter`` and whose
 wire is optionally quantized with the library's codecs (``gradientmail/backends/quantize.py``):
 
 * upload: each replica's pseudo-gradient (committed − replica) is quantized and dequantized
@@ -28,7 +28,9 @@ Groups: ``iso_c`` (the three merges at M = 4 and 8, Iso-C exact and fast, and Is
 embeddings too), ``iso_c_lr`` (Iso-C's outer lr × momentum at M = 4, the best two at M = 8),
 ``quant`` (upload/download codecs at M = 4 with the default merge), ``seed2`` (the sweep's
 top arms again on a second seed: how large is the noise), ``extra`` (Iso-C's variants, fast
-with the paper's RMS scale and on the embeddings too, at the default and the best outer step). Writes
+with the paper's RMS scale and on the embeddings too, at the default and the best outer step),
+``sparse`` (sparse deltas and commits against fp32 and int4, on ``--sparse-seeds``) and
+``sparse_merges`` (the recommended sparse run under RDA, weighted mean and Iso-C). Writes
 ``runs/lockstep-quality-<UTC time>/result.json`` after every group and prints a table with
 each target judged through ``benchmarks/targets.py`` (one seed per arm: a miss is a miss, a pass is information).
 """
@@ -82,7 +84,7 @@ LR_GRID = [(lr, momentum) for momentum in (0.9, 0.8) for lr in (0.7, 1.0, 1.4, 1
 EMBED = "embed"
 """Iso-C arms named without a pattern keep the embeddings on the weighted mean (the default when
 measured, set explicitly so the names keep their meaning); ``direct_pattern=None`` arms say so."""
-GROUPS = ("iso_c", "iso_c_lr", "quant", "seed2", "extra", "sparse")
+GROUPS = ("iso_c", "iso_c_lr", "quant", "seed2", "extra", "sparse", "sparse_merges")
 
 
 @dataclass(frozen=True)
@@ -632,6 +634,55 @@ def group_sparse(runner: Runner, m: int, seeds: Sequence[int]) -> tuple[list[Arm
     return arms, verdicts
 
 
+def sparse_merge_specs(m: int, seed: int) -> list[ArmSpec]:
+    """The sparse run the docs recommend (``delta_sparsity=1/64``, int2, error feedback; sparse
+    commits of the whole union, int4; the plain step) under each merge, beside fp32 deltas under
+    RDA (the default) and under Iso-C, one seed."""
+    up, down = SparseCodec(64, 4096, "int2"), SparseCodec(64 * m, 4096, "int4")
+    merges: list[tuple[str, Merge]] = [
+        ("RDA", gm.Rda()),
+        ("weighted mean", gm.WeightedMean()),
+        ("Iso-C", gm.IsoC(direct_pattern=EMBED)),
+    ]
+    fp32 = {name: f"fp32 deltas, {name}, M={m}, seed {seed}" for name in ("RDA", "Iso-C")}
+    specs = [ArmSpec(fp32["RDA"], "sparse_merges", m, gm.Rda(), seed=seed)]
+    specs.append(ArmSpec(fp32["Iso-C"], "sparse_merges", m, gm.IsoC(direct_pattern=EMBED), seed=seed, reference=fp32["RDA"]))
+    for name, merge in merges:
+        specs.append(
+            ArmSpec(f"{SPARSE_RECOMMENDED}, {name}, M={m}, seed {seed}", "sparse_merges", m, merge, outer_lr=1.0,
+                    outer_momentum=0.0, upload=up, feedback=True, download=down, seed=seed, reference=fp32["RDA"])
+        )  # fmt: skip
+    return specs
+
+
+SPARSE_RECOMMENDED = "sparse up/down, plain step"
+"""``delta_sparsity=1/64`` (int2, EF), ``update_sparsity=4/64`` (int4), ``outer_lr=1, outer_momentum=0``."""
+
+
+def group_sparse_merges(runner: Runner, m: int, seeds: Sequence[int]) -> tuple[list[Arm], list[Verdict]]:
+    """How sparse deltas compose with the merges (issue 26), on ``seeds``: the recommended sparse
+    run under RDA, weighted mean and Iso-C, each ÷ the same seed's fp32 deltas under RDA; fp32
+    under Iso-C beside them, so a merge's own effect is told from its effect on sparse deltas."""
+    arms = with_references([runner.run(spec) for seed in seeds for spec in sparse_merge_specs(m, seed)])
+
+    def ratios(prefix: str) -> list[float]:
+        return [arm.ratio_to_reference for arm in arms if arm.name.startswith(prefix + f", M={m},")]
+
+    setting = "delta_sparsity=1/64 (int2, EF), update_sparsity=4/64 (int4), outer_lr=1, outer_momentum=0"
+    verdicts = [
+        verdict(
+            f"sparse deltas' loss ≤ {TARGET_SPARSE_RATIO:g}× fp32 deltas' (÷ the same seed's fp32 under RDA), {name}",
+            ratios(f"{SPARSE_RECOMMENDED}, {name}"),
+            at_most(TARGET_SPARSE_RATIO),
+            setting=setting,
+            judged_at=setting,
+        )
+        for name in ("RDA", "weighted mean", "Iso-C")
+    ]
+    verdicts.append(information("fp32 deltas under Iso-C ÷ under RDA (the merge alone)", ratios("fp32 deltas, Iso-C")))
+    return arms, verdicts
+
+
 def group_quick(runner: Runner, m: int) -> tuple[list[Arm], list[tuple[str, bool]]]:
     """The smoke run: fp32 weighted mean, fp32 Iso-C, Iso-C with int4 both ways and error feedback."""
     specs = [
@@ -723,6 +774,9 @@ def main(argv: list[str] | None = None) -> int:
         elif group == "sparse":
             arms, sparse_verdicts = group_sparse(runner, 4, seeds)
             verdicts = []
+        elif group == "sparse_merges":
+            arms, sparse_verdicts = group_sparse_merges(runner, 4, seeds)
+            verdicts = []
         else:
             if not sweep:
                 sweep, _ = group_iso_c_lr(runner, lr_sizes[:1], grid)
@@ -730,7 +784,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== {group} ({time.monotonic() - started:.0f} s) ==")
         for line in table(arms, sync_every):
             print(line)
-        judged = sparse_verdicts if group == "sparse" else conditions(verdicts, runs=1)  # one seed per arm elsewhere
+        judged = sparse_verdicts if group.startswith("sparse") else conditions(verdicts, runs=1)  # one seed per arm elsewhere
         for v in judged:
             print(f"  {v.line()}")
         print(flush=True)
