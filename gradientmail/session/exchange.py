@@ -295,7 +295,8 @@ class Exchange:
             targets |= moved
         following = now - self._followed_at <= look_every + self._poll_interval_s
         awaiting = set(self._awaiting())
-        if awaiting and self._own_bulletin() is None and (not following or self._loop.hurrying or self._round_closing(now)):
+        closing = self._round_closing(now, awaiting)  # every pass: a close kept past its time would zero the pause
+        if awaiting and self._own_bulletin() is None and (not following or self._loop.hurrying or closing):
             targets |= awaiting  # (this node's own commits wake the exchange as they are made)
         targets |= self._due_soon(schedule)
         self._fetch_commits(sorted(targets), from_head=from_head)
@@ -355,15 +356,20 @@ class Exchange:
             if note.base_version == held.anchor_version and self._hurried_for.get(fragment.index) != note.base_version:
                 self._closes_at[fragment.index] = (read_at + note.closes_in_s, note.base_version)
 
-    def _round_closing(self, now: float) -> bool:
-        """Whether a round we await has reached its announced close: hurry to fetch its commit."""
-        closing = {index: base for index, (at, base) in self._closes_at.items() if at <= now}
-        for index, base in closing.items():
+    def _round_closing(self, now: float, awaiting: set[int]) -> bool:
+        """Whether a round we await has reached its announced close: hurry to fetch its commit.
+        Drops every announced close that has passed or whose contribution is no longer awaited
+        (its commit came first), so that :meth:`_next_close_in` only ever names one ahead."""
+        closing = False
+        for index, (at, base) in list(self._closes_at.items()):
+            if index in awaiting and at > now:
+                continue
             del self._closes_at[index]
             self._hurried_for[index] = base
-        if closing:
+            closing |= index in awaiting
+        if closing and self._own_bulletin() is None:
             self._loop.hurry()
-        return bool(closing)
+        return closing
 
     def _next_close_in(self, now: float) -> float:
         return min((at - now for at, _ in self._closes_at.values()), default=float("inf"))
