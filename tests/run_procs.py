@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +100,15 @@ without the fix, 0 of 15 with it); kept as a guard until runs show it gone. A la
 with it is tried once more; any other failure, or the same one twice, fails the test."""
 
 
-def run_torchrun(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run`` of a torchrun launch, tried a second time only after a gloo exit abort."""
+def run_torchrun(
+    command: list[str], retry_on: tuple[str, ...] = (GLOO_EXIT_ABORT,), **kwargs: object
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run`` of a torchrun launch, tried a second time only after a failure whose
+    output holds one of ``retry_on``; the first failure's output is then a warning, so a retried
+    launch still says what went wrong."""
     done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    if done.returncode != 0 and GLOO_EXIT_ABORT in done.stdout + done.stderr:
+    output = done.stdout + done.stderr
+    if done.returncode != 0 and any(marker in output for marker in retry_on):
+        warnings.warn(f"{command[:4]} failed ({done.returncode}); tried once more. Its output:\n{output[-8000:]}", stacklevel=2)
         done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
     return done

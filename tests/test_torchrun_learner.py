@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ import pytest
 from benchmarks.torchrun_quality import HUNG
 from gradientmail.mailbox import FileMailbox
 from gradientmail.store import RunStore
-from tests.run_procs import ROOT, check_history, rounds, run_torchrun, wait_until
+from tests.run_procs import GLOO_EXIT_ABORT, ROOT, check_history, rounds, run_torchrun, wait_until
 
 BATCH, STEPS = 8, 80
 
@@ -160,10 +159,7 @@ def test_the_torchrun_quality_benchmark_runs_every_arm():
     reported as a warning with those stacks and the run tried once more; a second fails."""
     command = [sys.executable, "-m", "benchmarks.torchrun_quality", "--steps", "8", "--sync-every", "4", "--repeats", "1"]
     command += ["--timeout", "180"]
-    done = run_torchrun(command, cwd=ROOT, timeout=280)
-    if done.returncode != 0 and HUNG in done.stderr:
-        warnings.warn(f"benchmarks.torchrun_quality hung; tried once more. Its stacks:\n{done.stderr[-8000:]}", stacklevel=1)
-        done = run_torchrun(command, cwd=ROOT, timeout=280)
+    done = run_torchrun(command, retry_on=(GLOO_EXIT_ABORT, HUNG), cwd=ROOT, timeout=280)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     for arm in ("single", "groups", "fsdp  "):
         assert f"{arm} held-out loss" in done.stdout, done.stdout[-3000:]
