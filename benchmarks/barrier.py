@@ -17,12 +17,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+from benchmarks.processes import run_side_by_side
 from benchmarks.seaweed import Seaweed, find_weed
 from benchmarks.targets import MIN_RUNS, at_most, information, verdict
 
@@ -46,23 +46,14 @@ def repeat(seaweed: Seaweed, nodes: int, barriers: int, index: int) -> list[dict
     """One repeat: each barrier's spread of returns, worst uncertainty and probes."""
     url = seaweed.server.url(f"barrier-bench/{index}-{time.time_ns()}")
     env = {**os.environ, **seaweed.server.env, "PYTHONPATH": str(ROOT)}
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", NODE, url, f"node-{n}", str(nodes), str(barriers), str(1000 * index + n)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(nodes)
+    commands = [
+        [sys.executable, "-c", NODE, url, f"node-{n}", str(nodes), str(barriers), str(1000 * index + n)] for n in range(nodes)
     ]
     lines = []
-    for process in processes:
-        out, err = process.communicate(timeout=600)
-        if process.returncode != 0:
-            raise SystemExit(f"a barrier node failed: {err[-2000:]}")
-        lines.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
+    for done in run_side_by_side(commands, 600, env=env):  # a node's standard error joins its output
+        if done.returncode != 0:
+            raise SystemExit(f"a barrier node failed ({done.returncode}): {done.output[-2000:]}")
+        lines.append([json.loads(line) for line in done.output.splitlines() if line.startswith("{")])
     found = []
     for b in range(barriers):
         returns = [next(e for e in node if e["barrier"] == b) for node in lines]

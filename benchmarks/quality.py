@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 import gradientmail as gm
+from benchmarks.processes import run_side_by_side
 from benchmarks.seaweed import S3Endpoint
 from benchmarks.targets import MIN_RUNS, Verdict, at_least, at_most, verdict
 from demo import model as torch_gpt
@@ -82,6 +83,8 @@ TARGET_SPARSE_DP_RATIO = 5000.0
 """Sparse both ways: ≥ 5,000× fewer bytes than data-parallel at H = 100, both directions (issue 26)."""
 TARGET_DP_BYTES_RATIO = 400.0
 """Bytes moved per learner ≥ 400× fewer than data-parallel at H = 100 (Streaming DiLoCo's figure)."""
+ARM_TIMEOUT_S = 1800.0
+"""An arm's learners that outlive this fail with their stacks (the slowest arm measured took 598 s)."""
 DP_BYTES_PER_PARAM_STEP = 8.0
 """fp32 ring all-reduce: each learner sends and receives ≈ 2 × 4 bytes per parameter per step."""
 
@@ -192,10 +195,10 @@ def gradientmail_arm(
     url = f"file://{box_dir}" if s3 is None else s3.url(f"{workdir.name}-{time.time_ns()}")
     env = {**os.environ, "PYTHONPATH": str(ROOT), **(s3.env if s3 is not None else {})}
     started = time.monotonic()
-    processes = []
     side = beside(url) if beside is not None else None
+    commands = []
     for index, sleep in enumerate(sleeps):
-        command = [
+        commands.append([
             sys.executable, "-m", "demo.worker", "--mailbox", url, "--learner-id", f"learner-{index + 1}",
             "--steps", str(learner_steps[index]), "--seed", str(index + 1 + seed * SEED_STRIDE),
             "--batch-size", str(BATCH), "--lr", str(LR),
@@ -203,18 +206,19 @@ def gradientmail_arm(
             "--model", json.dumps(asdict(config)),
             "--keep-versions", "1000000",  # keep every round: every step is accounted for afterwards
             *(worker_args[index] if worker_args is not None else []),
-        ]  # fmt: skip
-        log = (workdir / f"learner-{index + 1}.log").open("w")
-        processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True))
-    outputs = [process.communicate()[0] for process in processes]
-    if side is not None:
-        side.terminate()
-        side.wait(timeout=60)
-    events = [[json.loads(line) for line in output.splitlines() if line.startswith("{")] for output in outputs]
+        ])  # fmt: skip
+    logs = [workdir / f"learner-{index + 1}.log" for index in range(len(sleeps))]
+    try:
+        finished = run_side_by_side(commands, ARM_TIMEOUT_S, env=env, logs=logs)
+    finally:
+        if side is not None:
+            side.terminate()
+            side.wait(timeout=60)
+    events = [[json.loads(line) for line in done.output.splitlines() if line.startswith("{")] for done in finished]
     wall = time.monotonic() - started
-    for index, process in enumerate(processes):
-        if process.returncode != 0:
-            raise RuntimeError(f"learner-{index + 1} exited with {process.returncode}: see {workdir}")
+    for index, done in enumerate(finished):
+        if done.returncode != 0:
+            raise RuntimeError(f"learner-{index + 1} exited with {done.returncode}: see {workdir}")
     finals = [next(e for e in learner if e["event"] == "final") for learner in events]
     progress = [[(e["step"], e["loss"]) for e in learner if e["event"] == "progress"] for learner in events]
 

@@ -20,64 +20,34 @@ the difference of the medians is judged against, and a verdict needs ``MIN_RUNS`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.processes import Hung, run_side_by_side
 from benchmarks.targets import MIN_RUNS, check
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("single", "groups", "fsdp")
 HELD_OUT = re.compile(r"committed model, held-out loss ([0-9.]+)")
-HUNG = "the learners ran past"
-"""How a run that outlived ``--timeout`` fails (followed by every process's stacks)."""
 
 
 def _run(commands: list[list[str]], timeout: float) -> list[str]:
-    """Run the learners side by side, each in its own process group. Past ``timeout`` seconds
-    every group gets SIGABRT (``PYTHONFAULTHANDLER`` makes each Python process, torchrun's ranks
-    included, print every thread's stack first), so a hang fails with where it hung."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")}
-    env |= {"OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    processes = [
-        subprocess.Popen(
-            c, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        for c in commands
-    ]
-    deadline = time.monotonic() + timeout
-    outputs = []
+    """Run the learners side by side (``benchmarks/processes.py``: a hang fails with every
+    process's stacks); a learner that fails fails the run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {"OMP_NUM_THREADS": "1"}
     try:
-        for process in processes:
-            out, _ = process.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            if process.returncode != 0:
-                raise SystemExit(f"a learner failed ({process.returncode}):\n{out[-3000:]}")
-            outputs.append(out)
-    except subprocess.TimeoutExpired:
-        tails = []
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGABRT)
-            try:
-                out, _ = process.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                out, _ = process.communicate()
-            tails.append(f"--- {' '.join(process.args[-12:])} ({process.returncode}):\n{out[-12000:]}")
-        raise SystemExit(f"{HUNG} {timeout:.0f} s; their stacks:\n" + "\n".join(tails)) from None
-    finally:  # a failed learner leaves no other running
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-    return outputs
+        finished = run_side_by_side(commands, timeout, env=env)
+    except Hung as hung:
+        raise SystemExit(str(hung)) from None
+    for done in finished:
+        if done.returncode != 0:
+            raise SystemExit(f"a learner failed ({done.returncode}):\n{done.output[-3000:]}")
+    return [done.output for done in finished]
 
 
 def arm(kind: str, repeat: int, args: argparse.Namespace, workdir: Path) -> tuple[float, float]:

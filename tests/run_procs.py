@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from benchmarks.processes import Hung, run_side_by_side
 from gradientmail.mailbox import Mailbox
 from gradientmail.records import Lease, RoundRecord, keys
 from gradientmail.store import RunStore
@@ -101,14 +103,27 @@ with it is tried once more; any other failure, or the same one twice, fails the 
 
 
 def run_torchrun(
-    command: list[str], retry_on: tuple[str, ...] = (GLOO_EXIT_ABORT,), **kwargs: object
+    command: list[str],
+    timeout: float,
+    retry_on: tuple[str, ...] = (GLOO_EXIT_ABORT,),
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``subprocess.run`` of a torchrun launch, tried a second time only after a failure whose
-    output holds one of ``retry_on``; the first failure's output is then a warning, so a retried
-    launch still says what went wrong."""
-    done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
-    output = done.stdout + done.stderr
-    if done.returncode != 0 and any(marker in output for marker in retry_on):
-        warnings.warn(f"{command[:4]} failed ({done.returncode}); tried once more. Its output:\n{output[-8000:]}", stacklevel=2)
-        done = subprocess.run(command, capture_output=True, text=True, **kwargs)  # type: ignore[call-overload]
+    """A torchrun launch (``benchmarks/processes.py``: past ``timeout`` it fails with every rank's
+    stacks, ``HUNG`` in its output), tried a second time only after a failure whose output holds
+    one of ``retry_on``; the first failure's output is then a warning, so a retried launch still
+    says what went wrong. Standard error is part of ``stdout``."""
+
+    def launch() -> subprocess.CompletedProcess[str]:
+        try:
+            (done,) = run_side_by_side([command], timeout, env=env, cwd=cwd)
+        except Hung as hung:
+            return subprocess.CompletedProcess(command, -int(signal.SIGABRT), str(hung), "")
+        return subprocess.CompletedProcess(command, done.returncode, done.output, "")
+
+    done = launch()
+    if done.returncode != 0 and any(marker in done.stdout for marker in retry_on):
+        message = f"{command[:4]} failed ({done.returncode}); tried once more. Its output:\n{done.stdout[-8000:]}"
+        warnings.warn(message, stacklevel=2)
+        done = launch()
     return done

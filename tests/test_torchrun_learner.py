@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.torchrun_quality import HUNG
+from benchmarks.processes import HUNG
 from gradientmail.mailbox import FileMailbox
 from gradientmail.store import RunStore
 from tests.run_procs import GLOO_EXIT_ABORT, ROOT, check_history, rounds, run_torchrun, wait_until
