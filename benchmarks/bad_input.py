@@ -25,7 +25,10 @@ record says about the hostile input, whether it was accepted, and what it cost t
   (two honest 8 MB deltas are part of every round: compare with the honest round in the header).
 
 Totals: escapes (exceptions out of validation or out of a syncer pass) and hostile inputs
-accepted where a rejection was expected. Exit status 1 when either is non-zero.
+accepted where a rejection was expected. The corpus runs ``--repeats`` times (default 3), each
+pass printing its tables; its four conditions (no escape, nothing accepted, the 2x bound, every
+run-level case of ``benchmarks/bad_runs.py`` passing) are judged by ``benchmarks/targets.py``:
+a failure in any pass is a miss, a pass needs three. Exit status 1 on any miss.
 
 ``tests/test_bad_input.py`` imports the case table and the harness from here (benchmarks never
 import from tests/).
@@ -54,6 +57,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import gradientmail as gm
+from benchmarks.targets import DEFAULTS, MIN_RUNS, conditions
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox
 from gradientmail.records import Contribution, Lease, keys
@@ -776,18 +780,19 @@ def _with_fixed_mmap_threshold() -> None:
         os.execve(sys.executable, [sys.executable, "-m", "benchmarks.bad_input", *sys.argv[1:]], env)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--small", action="store_true", help="the tests' tiny model instead of ~8 MB payloads")
-    parser.add_argument("--case", action="append", default=None, help="run only these cases (repeatable)")
-    parser.add_argument("--blob-mb", type=int, default=200, help="on-disk size of the oversized-blob case (MB)")
-    args = parser.parse_args(argv)
-    logging.getLogger("gradientmail").setLevel(logging.ERROR)  # the rejections are the table
-    warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's overflow warning in the 3e38 merge
-    model = SMALL_MODEL if args.small else LARGE_MODEL
-    wanted = set(args.case) if args.case else None
+@dataclass
+class CorpusRun:
+    """One pass over every case: what each cost and whether any escaped or was accepted."""
+
+    rows: list[Row]
+    run_rows: list[Any]
+    escapes: int
+    accepted: int
+    over: int
+
+
+def run_corpus(args: argparse.Namespace, model: dict[str, tuple[int, ...]], wanted: set[str] | None) -> CorpusRun:
+    """Every case once, in fresh run directories, and its table printed."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="gm-bad-input-") as tmp:
         workdirs = (Path(tmp) / f"run{i}" for i in range(10_000))
@@ -852,12 +857,50 @@ def main(argv: list[str] | None = None) -> int:
             flood=bad_runs.SMALL_FLOOD if args.small else bad_runs.FLOOD,
             wanted=wanted,
         )
-    failed = sum(1 for r in run_rows if not r.passed)
     if run_rows:
         print(f"\nrun-level cases (benchmarks/bad_runs.py): {bad_runs.ROUNDS_AFTER} honest rounds after each attack\n")
         print(bad_runs.table(run_rows))
-        print(f"\n{len(run_rows)} run-level cases in {time.perf_counter() - started:.0f} s: {failed} missed their target")
-    return 1 if escapes or accepted or failed else 0
+        failed = sum(1 for r in run_rows if not r.passed)
+        print(f"\n{len(run_rows)} run-level cases in {time.perf_counter() - started:.0f} s; {failed} of them failed")
+    return CorpusRun(rows, run_rows, escapes, accepted, over)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--small", action="store_true", help="the tests' tiny model instead of ~8 MB payloads")
+    parser.add_argument("--case", action="append", default=None, help="run only these cases (repeatable)")
+    parser.add_argument("--blob-mb", type=int, default=200, help="on-disk size of the oversized-blob case (MB)")
+    parser.add_argument("--repeats", type=int, default=MIN_RUNS, help="passes over the corpus; a pass needs every one")
+    args = parser.parse_args(argv)
+    logging.getLogger("gradientmail").setLevel(logging.ERROR)  # the rejections are the table
+    warnings.simplefilter("ignore", RuntimeWarning)  # NumPy's overflow warning in the 3e38 merge
+    model = SMALL_MODEL if args.small else LARGE_MODEL
+    wanted = set(args.case) if args.case else None
+    runs = []
+    for repeat in range(args.repeats):
+        print(f"== pass {repeat + 1} of {args.repeats}")
+        runs.append(run_corpus(args, model, wanted))
+    failed = [r.id for run in runs for r in run.run_rows if not r.passed]
+    targets = conditions(
+        [
+            (f"no hostile input escapes as an exception ({sum(r.escapes for r in runs)} in {len(runs)} pass(es))",
+             all(r.escapes == 0 for r in runs)),
+            (f"no hostile input accepted where a rejection is due ({sum(r.accepted for r in runs)})",
+             all(r.accepted == 0 for r in runs)),
+            (f"a hostile input costs ≤ 2× the payload or an honest contribution ({sum(r.over for r in runs)} over)",
+             None if args.small else all(r.over == 0 for r in runs)),  # tiny payloads: overheads dominate
+            (f"every run-level case goes on committing with nothing lost (failed: {sorted(set(failed)) or 'none'})",
+             not failed if any(r.run_rows for r in runs) else None),
+        ],
+        runs=len(runs),
+        setting="--small" if args.small else DEFAULTS,
+    )  # fmt: skip
+    print()
+    for v in targets:
+        print(f"  {v.line()}")
+    return 1 if any(v.met is False for v in targets) else 0
 
 
 if __name__ == "__main__":

@@ -510,3 +510,17 @@ def test_a_failure_that_repeats_every_pass_is_logged_once_a_minute(caplog):
     assert warnings[1] == "fragment 0: round record 7 cannot be read (again 599 times since)"
     assert warnings[2] == "fragment 0: another failure"
     assert any("recovered" in r.getMessage() for r in caplog.records)
+
+
+def test_the_benchmark_judges_its_conditions_over_its_passes(capsys):
+    """`python -m benchmarks.bad_input`: each pass prints its tables, and the conditions (no
+    escape, nothing accepted, every run-level case passing) go through benchmarks/targets.py:
+    two passes are information, not a pass; the tiny model's memory bound is not judged."""
+    from benchmarks.bad_input import main
+
+    assert main(["--small", "--repeats", "2", "--case", "steps_bool", "--case", "duplicate_learner_id"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("== pass") == 2 and out.count("steps_bool") >= 2 and out.count("duplicate_learner_id") >= 2
+    assert "[information: 2 runs, a pass needs 3] no hostile input escapes as an exception (0 in 2 pass(es))" in out
+    assert "every run-level case goes on committing with nothing lost (failed: none)" in out
+    assert "[information: not applicable] a hostile input costs ≤ 2× the payload" in out
