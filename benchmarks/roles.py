@@ -40,7 +40,7 @@ from pathlib import Path
 
 import gradientmail as gm
 from benchmarks.quality import ROOT, Arm, gradientmail_arm
-from benchmarks.targets import MIN_RUNS, check
+from benchmarks.targets import MIN_RUNS, check, within_noise
 from gradientmail.mailbox.directory import MTIME_RESOLUTION_S
 from gradientmail.store import RunStore
 
@@ -166,36 +166,22 @@ def main(argv: list[str] | None = None) -> int:
                     f"merged {arm.merged_share:.0%} of steps, committed by {sorted(committers)}{elected}, {arm.wall_s:.0f} s",
                     flush=True,
                 )
-        reference = statistics.mean(losses["both"])
-        spreads = {name: max(v) - min(v) for name, v in losses.items() if len(v) > 1}
+        reference = statistics.median(losses["both"])
         print()
         for name, values in losses.items():
-            mean = statistics.mean(values)
-            spread = spreads.get(name)
-            print(
-                f"{name:18s} {mean:.4f} = {mean / reference:.4f}x both" + (f", spread {spread:.4f}" if spread is not None else "")
-            )
+            median = statistics.median(values)
+            print(f"{name:18s} median {median:.4f} ({min(values):.4f}–{max(values):.4f}) = {median / reference:.4f}x both")
         dedicated = "learners + syncer"
         same = min(merged[dedicated]) >= min(merged["both"])
-        runs = len(losses["both"])
         judged = [
             check(
                 f"{dedicated} merges every step both merges (rounds {rounds[dedicated]} vs {rounds['both']}: "
                 "the last, flushing round may group differently)",
                 same,
-                runs=runs,
-            )
+                runs=len(losses["both"]),
+            ),
+            within_noise(f"{dedicated} no worse than both", losses[dedicated], losses["both"], no_worse=True),
         ]
-        if dedicated in spreads and "both" in spreads:
-            noise = max(spreads[dedicated], spreads["both"])
-            difference = statistics.mean(losses[dedicated]) - reference
-            judged.append(
-                check(
-                    f"{dedicated} no worse than both beyond run-to-run noise {noise:.4f} ({difference:+.4f})",
-                    difference <= noise,
-                    runs=runs,
-                )
-            )
         for v in judged:
             print(v.line())
         print("either + both: reported, not judged (an elected either node pauses, so its run is another run)")

@@ -154,6 +154,23 @@ def conditions(
     return [check(text, passed, runs=runs, setting=setting, judged_at=judged_at) for text, passed in pairs]
 
 
+def within_noise(
+    target: str, figures: Sequence[float], reference: Sequence[float], *, no_worse: bool = False, setting: str = DEFAULTS
+) -> Verdict:
+    """An arm against a reference run beside it in the same repeats: the difference of their
+    medians judged against the run-to-run noise, the larger of the two spreads over repeats
+    (``no_worse``: only a higher figure, a loss say, counts against the arm). A pass needs
+    ``MIN_RUNS`` repeats of both; one repeat has no noise to judge against."""
+    runs = min(len(figures), len(reference))
+    if runs < 2:
+        return check(target, None, detail="one repeat: no run-to-run noise to judge against")
+    noise = max(max(figures) - min(figures), max(reference) - min(reference))
+    difference = statistics.median(figures) - statistics.median(reference)
+    held = difference <= noise if no_worse else abs(difference) <= noise
+    text = f"{target}: medians {difference:+.4f} apart, run-to-run noise {noise:.4f}"
+    return check(text, held, runs=runs, setting=setting)
+
+
 def information(target: str, figures: Sequence[float] | float, why: str = "a reference, not a target", **extra: Any) -> Verdict:
     """A figure printed beside the targets that no verdict is taken on."""
     values = (float(figures),) if isinstance(figures, (int, float)) else tuple(map(float, figures))

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from benchmarks.processes import Hung, run_side_by_side
-from benchmarks.targets import MIN_RUNS, check
+from benchmarks.targets import MIN_RUNS, within_noise
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("single", "groups", "fsdp")
@@ -107,12 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         low, high = min(results[kind]), max(results[kind])
         ratio = f"{median / single:.4f}x; difference {median - single:+.4f}"
         print(f"{kind} median {median:.4f} ({low:.4f}–{high:.4f}) / single {single:.4f} = {ratio}")
-        if kind in spreads and "single" in spreads:  # run-to-run noise: the larger of the two arms' spreads
-            noise = max(spreads[kind], spreads["single"])
-            text = f"{kind}: the difference within run-to-run noise, {noise:.4f}"
-            judged = check(text, abs(median - single) <= noise, runs=args.repeats)
-        else:
-            judged = check(f"{kind}: the difference within run-to-run noise", None, detail="one repeat")
+        judged = within_noise(f"{kind} against single", results[kind], results["single"])
         print(f"  {judged.line()}")
     return 0
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.targets import DEFAULTS, MET, MISSED, check, conditions, information, verdict
+from benchmarks.targets import DEFAULTS, MET, MISSED, check, conditions, information, verdict, within_noise
 
 ROOT = Path(__file__).resolve().parent.parent
 AT_MOST_ONE = lambda figure: figure <= 1.0  # noqa: E731
@@ -47,6 +47,17 @@ def test_a_condition_fails_on_one_run_and_passes_on_three():
     assert check("nothing lost", True, runs=3, setting="fast polling").met is None
     assert check("takeover", None).met is None
     assert [v.met for v in conditions([("a", True), ("b", False), ("c", None)], runs=1)] == [None, False, None]
+
+
+def test_an_arm_beside_its_reference_is_judged_on_medians_against_the_larger_spread():
+    reference = [2.30, 2.32, 2.31]  # spread 0.02
+    assert within_noise("a", [2.31, 2.35, 2.32], reference).met is True  # medians 0.01 apart, noise 0.04
+    assert within_noise("a", [2.40, 2.41, 2.42], reference).met is False  # 0.10 apart
+    assert within_noise("a", [2.20, 2.21, 2.22], reference).met is False  # two-sided: better is a miss too
+    assert within_noise("a", [2.20, 2.21, 2.22], reference, no_worse=True).met is True
+    assert within_noise("a", [2.31, 2.32], reference[:2]).met is None  # two repeats: information
+    assert within_noise("a", [2.31], [2.30]).met is None and "one repeat" in within_noise("a", [2.31], [2.30]).line()
+    assert "medians +0.0100 apart, run-to-run noise 0.0400" in within_noise("a", [2.31, 2.35, 2.32], reference).line()
 
 
 def _verdict_spellings(path: Path) -> list[str]:
