@@ -11,10 +11,9 @@ import gradientmail as gm
 from gradientmail.backends import get_backend
 from gradientmail.backends.host import HostBuffer
 from gradientmail.records import Lease
-from gradientmail.session.exchange import BULLETIN_CHECK_TTLS
 from gradientmail.session.fragment import LearnerFragment, Publication
 from gradientmail.session.join import RunProposal, join_run
-from gradientmail.session.looking import LearnerSchedule, due_lead_s
+from gradientmail.session.looking import BULLETIN_CHECK_TTLS, LearnerSchedule, due_lead_s
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.store import ContributionCounts, OpenRoundNote, RoundsBulletin, RunStore
 from gradientmail.syncer import SyncerRuntime
@@ -200,7 +199,7 @@ def test_the_syncer_announces_an_open_round_and_a_learner_sees_it_to_join():
     run.syncer.election_pass()
     run.counted.counts.clear()
     run.run_for(TTL_S / 3 + POLL_S)
-    assert run.learner.exchange.open_rounds == {0: 0}
+    assert run.learner.exchange.looking.open_rounds == {0: 0}
     assert run.counted.counts["list"] == 0
 
 

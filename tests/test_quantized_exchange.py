@@ -359,8 +359,8 @@ def test_a_learner_versions_behind_rebuilds_through_the_chain_of_updates(tmp_pat
     late.exchange_pass()
     rebuilt = late.take_ready()[0].params
     assert payload.encode(rebuilt) == box.get(records[-1].params.key)
-    assert (late.compact_fetches, late.compact_fallbacks) == (1, 0)
-    assert late.bytes_fetched == sum(r.update.size_bytes for r in records if r.update is not None)
+    assert (late.commits.compact_fetches, late.commits.compact_fallbacks) == (1, 0)
+    assert late.commits.bytes_fetched == sum(r.update.size_bytes for r in records if r.update is not None)
     middle = records[1].update
     assert middle is not None
     box.put(middle.key, b"not the update")
@@ -368,4 +368,4 @@ def test_a_learner_versions_behind_rebuilds_through_the_chain_of_updates(tmp_pat
     late.exchange_pass()
     again = late.take_ready()[0].params
     assert payload.encode(again) == box.get(records[-1].params.key)
-    assert late.compact_fallbacks == 1
+    assert late.commits.compact_fallbacks == 1

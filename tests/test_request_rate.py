@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 import gradientmail as gm
-from gradientmail.session.exchange import BULLETIN_CHECK_TTLS
+from gradientmail.session.looking import BULLETIN_CHECK_TTLS
 from gradientmail.store import ContributionCounts
 from gradientmail.store.leases import CLOCK_RESAMPLE_WRITES
 from gradientmail.syncer.pacing import HEAD_PROBE_TTLS

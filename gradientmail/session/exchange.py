@@ -27,23 +27,20 @@ from __future__ import annotations
 import collections
 import logging
 import queue
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from gradientmail.algorithms import align
 from gradientmail.algorithms.diloco import DiLoCo
-from gradientmail.algorithms.schedule import look_interval
-from gradientmail.backends.quantize import quantize, quantize_with_feedback
-from gradientmail.backends.quantized_payload import encode_parts, encode_sparse_parts
-from gradientmail.backends.sparse import SparseCodec, sparsify, sparsify_with_feedback
-from gradientmail.errors import CorruptPayload, DuplicateLearner, GradientMailError, IncompatiblePayload, KeyNotFound
+from gradientmail.errors import DuplicateLearner, GradientMailError, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
 from gradientmail.records import Lease, RoundRecord
-from gradientmail.session.fragment import Commit, LearnerFragment, Publication, Residual
-from gradientmail.session.looking import LearnerSchedule, due_lead_s
-from gradientmail.store import UNKNOWN_HEAD, CommittedVersion, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
+from gradientmail.session.commit_reader import CommitReader
+from gradientmail.session.feedback import encode_delta, settle_residual
+from gradientmail.session.fragment import Commit, LearnerFragment, Publication
+from gradientmail.session.looking import FragmentSeen, LearnerLooking, LearnerSchedule, Look
+from gradientmail.store import CommittedVersion, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
 from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer.rounds import Handed
 
@@ -52,15 +49,6 @@ __all__ = ["Exchange"]
 log = logging.getLogger(__name__)
 
 _LATENCIES_KEPT = 1000
-HEAD_CHECK_TTLS = 3
-"""Without a bulletin to follow, the learner starts from the head pointer instead of its known
-version once per this many lease TTLs (a learner left behind by retention still finds the newest
-version); following one, whenever the bulletin's head is more than one version ahead."""
-BULLETIN_CHECK_TTLS = 10
-"""Following another node's bulletin (a hint), the learner checks one fragment in turn from its
-head pointer once per this many lease TTLs: a bulletin that lags or lies hides a version from an
-idle learner for at most this many TTLs times the fragments (a training one probes each fragment
-before its publish anyway)."""
 _NO_SCHEDULE = LearnerSchedule()
 
 
@@ -117,31 +105,23 @@ class Exchange:
         self._lease = LearnerLease(store, learner_id, lease_ttl_s, clock=clock, store_clock=store_clock)
         self._lease_info = lease_info
         self._lease_loop = PollingLoop(f"gm-lease-{learner_id}", self.renew_lease, lease_ttl_s / 3)
-        self._head_every_s = HEAD_CHECK_TTLS * lease_ttl_s
-        self._bulletin_check_every_s = BULLETIN_CHECK_TTLS * lease_ttl_s
-        self._head_checked_at = clock()  # it joined at the newest version
         self._clock = clock
         self._on_change = on_change
         self._outbox: queue.Queue[Publication] = queue.Queue()
         self._poll_interval_s = poll_interval_s
         self._idle_interval_s = idle_interval(poll_interval_s, lease_ttl_s, idle_interval_s)
         self._loop = PollingLoop(f"gm-exchange-{learner_id}", self.exchange_pass, self._idle_interval_s)
-        self._looked_at = float("-inf")
+        self.looking = LearnerLooking(
+            len(self._fragments),
+            poll_interval_s=poll_interval_s,
+            idle_interval_s=self._idle_interval_s,
+            lease_ttl_s=lease_ttl_s,
+            quorum_size=spec.algorithm.quorum_size,
+            joined_at=clock(),  # it joined at the newest version
+        )
+        """When this learner looks for news (``session.looking``): the rules' state, on this clock."""
         self._schedule = schedule or (lambda: _NO_SCHEDULE)
         self._own_bulletin = own_bulletin or (lambda: None)
-        self._noted: tuple[RoundsBulletin | None, float] | None = None
-        """The bulletin in the syncer lease this node's election watch read last, and when."""
-        self._next_head_check = 0
-        """The fragment a look that follows a bulletin checks from its head pointer next."""
-        self._followed_at = float("-inf")
-        """When a look last followed a bulletin (else it probes every fragment)."""
-        self._closes_at: dict[int, tuple[float, int]] = {}
-        """Fragment → when the round our contribution is in closes, as the bulletin announced, and
-        its base version."""
-        self._hurried_for: dict[int, int] = {}
-        """Fragment → the base version of the round whose announced close the exchange hurried for."""
-        self._probed_for_due: dict[int, int] = {}
-        """Fragment → the due step its head was probed ahead of."""
         learner = algorithm if algorithm is not None else spec.algorithm
         self._carry = bool(learner.carry_unmerged)
         self._overlap_steps = learner.overlap_steps
@@ -149,24 +129,14 @@ class Exchange:
         """Whether alignment usually writes a commit's parameters unchanged (else it adds a
         correction): then they are made writable here, so PyTorch wraps them without a copy."""
         self._on_published = on_published
-        self._probe: set[int] = set()
-        """Fragments the syncer in this process just committed: probed on the next pass."""
-        self._handed_commits: dict[int, CommittedVersion] = {}
-        """Fragment → the newest commit the syncer in this process made of it, handed in memory."""
         self.failure: GradientMailError | None = None
         """What stops this learner (another process with its id); ``Session.step`` raises it."""
-        self._probe_lock = threading.Lock()
         self.publish_to_commit_s: collections.deque[float] = collections.deque(maxlen=_LATENCIES_KEPT)
         """Seconds from ``publish()`` to the commit that merged it being ready, newest last."""
         self._next_sequence = 1
-        self.open_rounds: dict[int, int] = {}
-        """Fragment → the version other learners have opened a round on (see ``_watch_rounds``)."""
         self.bytes_published = 0
-        self.bytes_fetched = 0
-        self.compact_fetches = 0
-        """Commits rebuilt from their compact update (``update_quantization``)."""
-        self.compact_fallbacks = 0
-        """Compact updates that did not rebuild the committed bytes: full parameters read instead."""
+        self.commits = CommitReader(store, spec, learner_id)
+        """How commits are read (whole, or rebuilt from compact updates) and what that fetched."""
         self._codec = spec.algorithm.delta_codec
         self._feedback = self._codec is not None and learner.error_feedback
 
@@ -200,10 +170,7 @@ class Exchange:
         """A commit of ``fragment`` is in the mailbox (the syncer in this process made it):
         fetch it on the next pass, now. ``committed``: its record and parameters as the syncer
         wrote them, taken instead of read back (the same bytes)."""
-        with self._probe_lock:
-            self._probe.add(fragment)
-            if committed is not None:
-                self._handed_commits[fragment] = committed
+        self._fragments[fragment].commit_made_here(committed)
         self._loop.wake()
 
     @property
@@ -242,8 +209,8 @@ class Exchange:
     # -- the background side -------------------------------------------------------
     def look_interval_s(self) -> float:
         """Seconds between two looks at the fragments no commit is awaited of, at the learner's
-        current schedule (``session.looking.look_interval``)."""
-        return look_interval(self._poll_interval_s, self._idle_interval_s, self._schedule().period_s)
+        current schedule (``session.looking``)."""
+        return self.looking.look_every_s(self._schedule())
 
     def watch_interval_s(self) -> float | None:
         """While a commit is awaited, the look interval: how often the node's election watch
@@ -254,21 +221,26 @@ class Exchange:
     def _awaiting(self) -> list[int]:
         return [fragment.index for fragment in self._fragments if fragment.awaiting]
 
+    def _seen(self) -> list[FragmentSeen]:
+        """The fragments as the looking rules read them."""
+        return [
+            FragmentSeen(f.known_version, f.awaiting, f.held.anchor_version if f.held is not None else None)
+            for f in self._fragments
+        ]
+
     def live_learners(self) -> int | None:
         """The learners training in the run as the elected syncer counts them: its bulletin's
         (this node's own while it holds the election, else the one its watch read last); None
         before any bulletin was read."""
         own = self._own_bulletin()
-        noted = self._noted
-        bulletin = own if own is not None else noted[0] if noted is not None else None
-        return bulletin.live if bulletin is not None else None
+        return own.live if own is not None else self.looking.noted_live()
 
     def note_syncer_lease(self, found: LeaseRead | None) -> None:
         """The syncer lease as this node's election watch just read it (on the election thread):
         its bulletin serves the next look, and news in it wakes the loop now."""
         bulletin = RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
-        self._noted = (bulletin, self._clock())
-        if bulletin is not None and (self._moved(bulletin) or self._rounds_opened(bulletin) != self.open_rounds):
+        self.looking.note(bulletin, self._clock())
+        if bulletin is not None and self.looking.has_news(bulletin, self._seen()):
             self._loop.wake()
 
     def exchange_pass(self) -> None:
@@ -276,155 +248,64 @@ class Exchange:
         the fragments just committed in this process, of those a look finds moved (once per
         look interval), of those awaiting one (each pass while no bulletin is followed, else in
         a hurry: after the upload, and when the bulletin says their round closes), and of one
-        about to be due."""
+        about to be due. When to look is ``session.looking``'s to say."""
         self._drain_outbox()
+        looking = self.looking
         now = self._clock()
-        with self._probe_lock:
-            probe, self._probe = self._probe, set()
+        targets = {fragment.index for fragment in self._fragments if fragment.take_probe()}
         schedule = self._schedule()
-        look_every = look_interval(self._poll_interval_s, self._idle_interval_s, schedule.period_s)
-        targets, from_head = set(probe), False
-        noted = self._noted
-        if (
-            self._own_bulletin() is not None  # this node holds the election: looking is free
-            or now - self._looked_at >= 0.9 * look_every
-            or (noted is not None and noted[1] > self._looked_at)  # the election watch just read one
-        ):
-            self._looked_at = now
-            moved, from_head = self._look(now, look_every)
-            targets |= moved
-        following = now - self._followed_at <= look_every + self._poll_interval_s
+        look_every = looking.look_every_s(schedule)
+        own = self._own_bulletin()
+        from_head = False
+        if looking.look_due(now, look_every, own_bulletin=own is not None):
+            look = self._look(now, look_every, own)
+            targets |= look.probe
+            from_head = look.from_head
+        following = looking.following(now, look_every)
         awaiting = set(self._awaiting())
-        closing = self._round_closing(now, awaiting)  # every pass: a close kept past its time would zero the pause
-        if awaiting and self._own_bulletin() is None and (not following or self._loop.hurrying or closing):
+        closing = looking.round_closing(now, awaiting)  # every pass: a close kept past its time would zero the pause
+        if closing and own is None:
+            self._loop.hurry()
+        if awaiting and own is None and (not following or self._loop.hurrying or closing):
             targets |= awaiting  # (this node's own commits wake the exchange as they are made)
-        targets |= self._due_soon(schedule)
+        targets |= looking.due_soon(schedule)
         self._fetch_commits(sorted(targets), from_head=from_head)
-        # the next pass: at the regular pace while a commit is awaited and no bulletin followed,
-        # else at the look pace, and no later than the next look, the next round's announced
-        # close or the next fragment's probe before its publish
-        awaiting_now = bool(self._awaiting())
-        self._loop.interval_s = self._poll_interval_s if awaiting_now and not following else look_every
-        now = self._clock()
-        wakes = (self._looked_at + look_every - now, self._next_due_probe_in(schedule), self._next_close_in(now))
-        self._loop.pause_at_most(max(0.0, min(wakes)))
-        if not awaiting_now:
+        pace = looking.next_pass(self._clock(), look_every, schedule, awaiting=bool(self._awaiting()), following=following)
+        self._loop.interval_s = pace.interval_s
+        self._loop.pause_at_most(pace.pause_at_most_s)
+        if pace.settle:
             self._loop.settle()
 
-    def _look(self, now: float, look_every: float) -> tuple[set[int], bool]:
-        """The fragments a look finds moved, and whether to find their newest from the head
-        pointer: what the bulletin says (no request when this node holds the election or its
-        watch read the lease lately), else every fragment, with the watch for open rounds."""
-        own = self._own_bulletin()
-        bulletin, read_at = (own, now) if own is not None else self._bulletin(now, look_every)
+    def _look(self, now: float, look_every: float, own: RoundsBulletin | None) -> Look:
+        """One look: follow this node's own bulletin (no request), the one its election watch read
+        lately, or one read now; without a bulletin, every fragment, with the watch for open rounds."""
+        seen = self._seen()
+        bulletin: RoundsBulletin | None
+        if own is not None:
+            bulletin, read_at = own, now
+        else:
+            fresh = self.looking.fresh_bulletin(now, look_every)
+            bulletin, read_at = fresh if fresh is not None else (self._read_bulletin(), now)
         if bulletin is None:
-            self._watch_rounds()
-            from_head = now - self._head_checked_at >= self._head_every_s
-            if from_head:
-                self._head_checked_at = now
-            return set(range(len(self._fragments))), from_head
-        self._followed_at = now
-        opened = self._rounds_opened(bulletin)
-        if opened != self.open_rounds:
-            self.open_rounds = opened
-            if opened:
-                self._on_change()
-        if own is None:  # this node's own commits wake the exchange as they are made
-            self._note_closings(bulletin, read_at)
-        moved = {
-            fragment.index
-            for fragment, head in zip(self._fragments, bulletin.heads, strict=True)
-            if head == UNKNOWN_HEAD or head > fragment.known_version
-        }
-        gap = any(head > fragment.known_version + 1 for fragment, head in zip(self._fragments, bulletin.heads, strict=True))
-        if not own and now - self._head_checked_at >= self._bulletin_check_every_s:
-            # another node's bulletin is a hint: one fragment in turn is checked from its head anyway
-            self._head_checked_at = now
-            moved.add(self._next_head_check % len(self._fragments))
-            self._next_head_check += 1
-            gap = True
-        return moved, gap  # a gap: retention may have taken the versions between
+            self._watch_rounds(seen)
+            return self.looking.unfollowed(now)
+        if self.looking.set_open_rounds(self.looking.rounds_opened(bulletin, seen)):
+            self._on_change()
+        return self.looking.followed(now, bulletin, read_at, seen, own=own is not None)
 
-    def _note_closings(self, bulletin: RoundsBulletin, read_at: float) -> None:
-        """When the rounds our awaited contributions are in close, as the bulletin read at
-        ``read_at`` announces: the exchange hurries then, once per round."""
-        for fragment in self._fragments:
-            note = bulletin.open.get(fragment.index)
-            held = fragment.held
-            if not fragment.awaiting or held is None or note is None or note.closes_in_s is None:
-                continue
-            if note.base_version == held.anchor_version and self._hurried_for.get(fragment.index) != note.base_version:
-                self._closes_at[fragment.index] = (read_at + note.closes_in_s, note.base_version)
-
-    def _round_closing(self, now: float, awaiting: set[int]) -> bool:
-        """Whether a round we await has reached its announced close: hurry to fetch its commit.
-        Drops every announced close that has passed or whose contribution is no longer awaited
-        (its commit came first), so that :meth:`_next_close_in` only ever names one ahead."""
-        closing = False
-        for index, (at, base) in list(self._closes_at.items()):
-            if index in awaiting and at > now:
-                continue
-            del self._closes_at[index]
-            self._hurried_for[index] = base
-            closing |= index in awaiting
-        if closing and self._own_bulletin() is None:
-            self._loop.hurry()
-        return closing
-
-    def _next_close_in(self, now: float) -> float:
-        return min((at - now for at, _ in self._closes_at.values()), default=float("inf"))
-
-    def _bulletin(self, now: float, look_every: float) -> tuple[RoundsBulletin | None, float]:
-        """The freshest bulletin of another node for a look, and when it was read: the one this
-        node's election watch read within a look interval (and a poll), else one read now."""
-        noted = self._noted
-        if noted is not None and now - noted[1] <= look_every + self._poll_interval_s:
-            return noted
+    def _read_bulletin(self) -> RoundsBulletin | None:
         found = self._store.read_syncer_lease(need_token=False)
-        return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments)), now
+        return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
 
-    def _moved(self, bulletin: RoundsBulletin) -> bool:
-        return any(
-            head == UNKNOWN_HEAD or head > fragment.known_version
-            for fragment, head in zip(self._fragments, bulletin.heads, strict=True)
-        )
-
-    def _rounds_opened(self, bulletin: RoundsBulletin) -> dict[int, int]:
-        """The rounds on our known versions with enough contributions from others to join (the
-        rule of :meth:`_watch_rounds`, from the bulletin's counts less our own contribution)."""
-        needed = max(1, self._spec.algorithm.quorum_size - 1)
-        opened = {}
-        for fragment in self._fragments:
-            note = bulletin.open.get(fragment.index)
-            if note is None or note.base_version != fragment.known_version:
-                continue
-            held = fragment.held
-            ours = int(fragment.awaiting and held is not None and held.anchor_version == note.base_version)
-            if note.accepted - ours >= needed:
-                opened[fragment.index] = note.base_version
-        return opened
-
-    def _due_soon(self, schedule: LearnerSchedule) -> set[int]:
-        """Fragments whose scheduled publish is within ``due_lead_s``, each probed once per due
-        step, so the publish goes out on the newest version."""
-        lead = due_lead_s(self._poll_interval_s)
-        soon = {index for index, due_in in self._unprobed_dues(schedule) if due_in <= lead}
-        for index in soon:
-            self._probed_for_due[index] = schedule.due_steps[index]
-        return soon
-
-    def _next_due_probe_in(self, schedule: LearnerSchedule) -> float:
-        """Seconds until the next fragment enters its probe window before a publish (inf: none)."""
-        lead = due_lead_s(self._poll_interval_s)
-        return max(0.0, min((due_in - lead for _, due_in in self._unprobed_dues(schedule)), default=float("inf")))
-
-    def _unprobed_dues(self, schedule: LearnerSchedule) -> list[tuple[int, float]]:
-        """(fragment, seconds to its scheduled publish) of those not probed ahead of it yet."""
-        return [
-            (index, due_in)
-            for index, (due_in, due_step) in enumerate(zip(schedule.due_in_s, schedule.due_steps, strict=False))
-            if due_in is not None and self._probed_for_due.get(index) != due_step
-        ]
+    def _watch_rounds(self, seen: list[FragmentSeen]) -> None:
+        """Notice rounds other learners have opened on our versions, so we can join them early
+        (``looking.joins_with``), from one LIST of each fragment's contributions."""
+        others = {
+            fragment.index: len(self._store.contributors(fragment.index, fragment.known_version) - {self._learner})
+            for fragment in self._fragments
+        }
+        if self.looking.set_open_rounds(self.looking.rounds_counted(others, seen)):
+            self._on_change()
 
     def _drain_outbox(self) -> None:
         while True:
@@ -447,7 +328,9 @@ class Exchange:
             self._learner,
             fragment.index,
             publication.anchor_version,
-            delta if self._codec is None else self._quantized(fragment, publication.anchor_version, delta),
+            delta
+            if self._codec is None
+            else encode_delta(self._codec, fragment, publication.anchor_version, delta, feedback=self._feedback),
             publication.counts,
             first_sequence=self._next_sequence,
             compress=self._spec.algorithm.payload_compression == "zstd",
@@ -468,8 +351,7 @@ class Exchange:
         for index in indices:
             fragment = self._fragments[index]
             known = fragment.known_version
-            with self._probe_lock:
-                handed = self._handed_commits.pop(index, None)
+            handed = fragment.take_handed()
             if handed is not None and handed.record.version > known:  # made here: taken as it is
                 newest, record, params = handed.record.version, handed.record, dict(handed.params)
             else:
@@ -477,12 +359,12 @@ class Exchange:
                 if found is None or found <= known:
                     continue
                 newest, record = found, self._store.read_round(index, found)
-                params = self.read_commit(fragment, record)
+                params = self.commits.read(index, known, fragment.known_params, record)
             if self._writes_commits:  # the learner writes them as they are: spare it a copy
                 params = _writable(params)
             ours = any(p.learner == self._learner for p in self._round_built_on(index, known, newest, record).participants)
             self._note_latency(fragment, known, ours)
-            self._settle_residual(fragment, known, ours)
+            settle_residual(fragment, known, ours)
             with fragment.lock:
                 waiting = fragment.ready  # not aligned with yet: the learner's base is still its base
                 held = fragment.held
@@ -497,88 +379,6 @@ class Exchange:
             commit = Commit(index, newest, params, base, merged, base_params)
             fragment.offer(self._with_correction(commit))
             self._on_change()
-
-    def _quantized(self, fragment: LearnerFragment, anchor_version: int, delta: Mapping[str, np.ndarray]) -> bytes:
-        """The quantized payload of ``delta``; with error feedback, plus the residual of the
-        fragment's previous contribution when its round merged it (else that residual belongs to
-        work the carry already re-sends, or that was dropped: it is dropped too)."""
-        codec = self._codec
-        assert codec is not None
-        previous, fragment.residual = fragment.residual, None
-        carried = previous.arrays if previous is not None and previous.merged else {}
-        left: dict[str, np.ndarray] = {}
-        if isinstance(codec, SparseCodec):
-            sparse: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-            for name, value in delta.items():
-                if self._feedback:
-                    offsets, codes, scales, left[name] = sparsify_with_feedback(value, carried.get(name), codec)
-                    sparse[name] = (offsets, codes, scales)
-                else:
-                    sparse[name] = sparsify(value, codec)
-            data = encode_sparse_parts(sparse, codec)
-        else:
-            parts: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-            for name, value in delta.items():
-                if self._feedback:
-                    codes, scales, left[name] = quantize_with_feedback(value, carried.get(name), codec)
-                else:
-                    codes, scales = quantize(value, codec)
-                parts[name] = (codes, scales)
-            data = encode_parts(parts, codec)
-        if self._feedback:
-            fragment.residual = Residual(anchor_version, left)
-        return data
-
-    def _settle_residual(self, fragment: LearnerFragment, known: int, ours: bool) -> None:
-        """A commit built on ``known`` arrived: the residual of a contribution against ``known``
-        is kept for the next one if the round merged it, else dropped (one not yet due stays)."""
-        residual = fragment.residual
-        if residual is None or residual.merged or residual.anchor_version > known:
-            return
-        if align.contribution_merged(ours, residual.anchor_version, known):
-            residual.merged = True
-        else:
-            fragment.residual = None
-
-    def read_commit(self, fragment: LearnerFragment, record: RoundRecord) -> dict[str, np.ndarray]:
-        """The parameters ``record`` commits: rebuilt from the compact updates of the versions
-        since the fragment's known one when we hold its parameters and those updates weigh less
-        than the parameters (each step checked against that version's committed checksum), else
-        read whole. Counts what it fetched (``bytes_fetched``, ``compact_fetches``,
-        ``compact_fallbacks``); changes nothing else."""
-        base = fragment.known_params
-        chain = self._update_chain(fragment.index, fragment.known_version, record) if base is not None else []
-        if base is not None and chain:
-            try:
-                for step in chain:
-                    base = self._store.rebuild_params(self._spec, step, base)
-            except (CorruptPayload, IncompatiblePayload, KeyNotFound) as exc:
-                self.compact_fallbacks += 1
-                log.warning("learner %s: %s; reading the full parameters", self._learner, exc)
-            else:
-                self.compact_fetches += 1
-                self.bytes_fetched += sum(step.update.wire_bytes for step in chain if step.update is not None)
-                return dict(base)
-        self.bytes_fetched += record.params.wire_bytes
-        return self._store.read_params(self._spec, record)
-
-    def _update_chain(self, fragment: int, known: int, record: RoundRecord) -> list[RoundRecord]:
-        """The round records from ``known`` + 1 to ``record`` if each carries a compact update on
-        the version before it and together they weigh less than ``record``'s parameters; else []."""
-        if record.update is None:
-            return []
-        chain = [record]
-        while chain[0].base_version != known:
-            previous = chain[0].base_version
-            if previous is None or previous <= known:
-                return []
-            try:
-                chain.insert(0, self._store.read_round(fragment, previous))
-            except (KeyNotFound, GradientMailError):
-                return []  # retention took it, or it does not verify: read the parameters
-            if chain[0].update is None or sum(r.update.wire_bytes for r in chain if r.update) >= record.params.wire_bytes:
-                return []
-        return chain
 
     def _with_correction(self, commit: Commit) -> Commit:
         """``commit`` with θ_commit − θ_start computed for the start its decision implies, when
@@ -612,21 +412,6 @@ class Exchange:
             return self._store.read_round(fragment, known + 1)
         except KeyNotFound:
             return record.model_copy(update={"participants": ()})
-
-    def _watch_rounds(self) -> None:
-        """Notice rounds other learners have opened on our versions, so we can join them early:
-        one short of quorum (quorum ≥ 2), or any open round (quorum 1, where the grace window
-        waits for late arrivals)."""
-        needed = max(1, self._spec.algorithm.quorum_size - 1)
-        opened = {
-            fragment.index: fragment.known_version
-            for fragment in self._fragments
-            if len(self._store.contributors(fragment.index, fragment.known_version) - {self._learner}) >= needed
-        }
-        if opened != self.open_rounds:
-            self.open_rounds = opened
-            if opened:
-                self._on_change()
 
     def renew_lease(self) -> None:
         """Renew this learner's lease with what ``lease_info`` says (the lease loop's pass). A

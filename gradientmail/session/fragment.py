@@ -21,7 +21,7 @@ from gradientmail.algorithms.align import WorkMark
 from gradientmail.backends import Backend, Tensor
 from gradientmail.backends.host import HostBuffer
 from gradientmail.records import Realignment
-from gradientmail.store import ContributionCounts
+from gradientmail.store import CommittedVersion, ContributionCounts
 
 __all__ = ["Commit", "LearnerFragment", "Publication", "Residual"]
 
@@ -126,6 +126,10 @@ class LearnerFragment:
     """Anchor version → exchange clock when a contribution against it was handed over."""
     ready: Commit | None = None
     """The commit fetched and not yet aligned with."""
+    probe_next: bool = False
+    """The syncer in this process just committed this fragment: fetch it on the next pass."""
+    made_here: CommittedVersion | None = None
+    """The newest commit of this fragment the syncer in this process made, handed in memory."""
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
@@ -161,6 +165,29 @@ class LearnerFragment:
                 publication.snapshot.held = carry
             else:
                 publication.snapshot.held = False
+
+    def commit_made_here(self, committed: CommittedVersion | None) -> None:
+        """The syncer in this process committed this fragment (on its thread): fetch it on the
+        exchange's next pass, taking ``committed`` (its record and parameters as written) instead
+        of reading them back."""
+        with self.lock:
+            self.probe_next = True
+            if committed is not None:
+                self.made_here = committed
+
+    def take_probe(self) -> bool:
+        """Whether a commit made here waits to be fetched (once)."""
+        if not self.probe_next:  # the common case, without the lock
+            return False
+        with self.lock:
+            probe, self.probe_next = self.probe_next, False
+        return probe
+
+    def take_handed(self) -> CommittedVersion | None:
+        """The commit made here, handed in memory, if one waits (once)."""
+        with self.lock:
+            handed, self.made_here = self.made_here, None
+        return handed
 
     def offer(self, commit: Commit) -> None:
         """A fetched commit is ready to align with (replacing one not yet taken)."""

@@ -623,7 +623,7 @@ class Session:
             ):
                 self._wait_for_commit(run, fragment, state.anchor_version)
         waits = self.algorithm.overlap_steps is not None
-        if run.loops.exchange.open_rounds or any(
+        if run.loops.exchange.looking.open_rounds or any(
             (waits and f.outstanding is not None) or f.deferred or f.half_period_pending for f in run.fragments
         ):
             # keep checking every step while a count of steps decides something: a wait under
@@ -654,7 +654,7 @@ class Session:
         every, quorum = self.algorithm.sync_every, self.algorithm.quorum_size
         return {
             fragment
-            for fragment, version in run.loops.exchange.open_rounds.items()
+            for fragment, version in run.loops.exchange.looking.open_rounds.items()
             if version == run.fragments[fragment].anchor_version
             and schedule.joins_open_round(self.stats.steps - run.fragments[fragment].unmerged_from.steps, every, quorum)
         }
@@ -896,17 +896,17 @@ class Session:
     @property
     def bytes_fetched(self) -> int:
         """Committed parameter bytes this learner has fetched from the mailbox."""
-        return self._run.loops.exchange.bytes_fetched if self._run is not None else 0
+        return self._run.loops.exchange.commits.bytes_fetched if self._run is not None else 0
 
     @property
     def rebuilt_commits(self) -> int:
         """Commits rebuilt from their compact update (``update_quantization``) instead of fetched whole."""
-        return self._run.loops.exchange.compact_fetches if self._run is not None else 0
+        return self._run.loops.exchange.commits.compact_fetches if self._run is not None else 0
 
     @property
     def rebuild_fallbacks(self) -> int:
         """Compact updates that did not rebuild the committed bytes (the full parameters were read)."""
-        return self._run.loops.exchange.compact_fallbacks if self._run is not None else 0
+        return self._run.loops.exchange.commits.compact_fallbacks if self._run is not None else 0
 
     @property
     def versions(self) -> Mapping[int, int]:
