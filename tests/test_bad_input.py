@@ -145,6 +145,7 @@ def test_the_victims_real_contribution_is_merged_after_a_forgery_under_its_id(tm
     assert real.record in {p.contribution for p in record.participants}
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.parametrize("case", [c for c in CASES if c.oversized], ids=[c.id for c in CASES if c.oversized])
 def test_an_oversized_object_on_s3_is_refused_without_fetching_it(case: Case, make_s3_mailbox):
@@ -460,6 +461,7 @@ def test_a_deleted_newest_round_record_does_not_stop_the_syncer(tmp_path, caplog
 # -- run-level cases (benchmarks/bad_runs.py) ------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @pytest.mark.parametrize("case", with_flood(RUN_CASES, SMALL_FLOOD), ids=[c.id for c in RUN_CASES])
 def test_one_object_dropped_in_or_taken_out_of_the_bucket_stops_no_run(case: RunCase, tmp_path):

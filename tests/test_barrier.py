@@ -106,6 +106,7 @@ def check_released_together(results: list[tuple[gm.BarrierRelease, float]], slac
     assert max(returned) - min(returned) <= doubt + slack_s, (returned, doubt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["memory", "directory", "s3"])
 def test_nodes_arriving_apart_are_released_at_one_store_instant(store, tmp_path, make_s3_mailbox) -> None:  # type: ignore[no-untyped-def]
     if store == "memory":
@@ -183,6 +184,7 @@ def test_bad_settings_are_refused_with_the_field() -> None:
         assert caught.value.field == field
 
 
+@pytest.mark.slow
 def test_sessions_meet_at_a_barrier_while_their_leases_keep_running() -> None:
     box = gm.MemoryMailbox()
     options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.01)

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCHEDULING_SLACK_S = 0.05
 """How late a process may wake on a loaded two-core machine beyond what its clock bounds allow."""
@@ -29,6 +31,7 @@ def lines(process: subprocess.Popen[str]) -> list[dict]:  # type: ignore[type-ar
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 def test_learner_processes_are_released_together_even_with_one_killed_after_arriving(s3_server) -> None:  # type: ignore[no-untyped-def]
     url = s3_server.url(f"barrier-procs-{time.time_ns()}")
     env = {**os.environ, **s3_server.env, "PYTHONPATH": str(ROOT)}

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_the_benchmark_prints_the_mailbox_against_boto3_for_each_side() -> None:
     result = subprocess.run(

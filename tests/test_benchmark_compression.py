@@ -11,6 +11,7 @@ import pytest
 from benchmarks import compression
 
 
+@pytest.mark.slow
 def test_the_compression_benchmark_round_trips_and_reports_every_form(capsys: pytest.CaptureFixture[str]) -> None:
     assert compression.main(["--width", "64", "--layers", "1", "--steps", "1", "--repeat", "1"]) == 0
     out = capsys.readouterr().out

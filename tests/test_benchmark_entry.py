@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.__main__ import HELPERS, THROUGH, benchmarks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +24,7 @@ def test_every_listed_benchmark_has_a_command_line_or_names_the_one_it_runs_thro
             assert 'if __name__ == "__main__":' in (ROOT / "benchmarks" / f"{THROUGH[name][0]}.py").read_text()
 
 
+@pytest.mark.slow
 def test_the_list_names_how_to_run_each():
     done = subprocess.run([sys.executable, "-m", "benchmarks", "list"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

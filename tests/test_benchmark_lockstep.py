@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 LR, MOMENTUM = 0.9, 0.8  # not the defaults, so a harness ignoring the spec's outer step fails
 
 
+@pytest.mark.slow
 def test_quick_run_writes_every_arm_with_finite_losses_and_codec_bytes(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.lockstep_quality", "--quick", "--runs-dir", str(tmp_path)],

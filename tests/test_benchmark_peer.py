@@ -36,6 +36,7 @@ def test_counting_mailbox_counts_payloads() -> None:
     assert box.list("a/") == ["a/b", "a/c"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_quick_run_without_torchft(tmp_path: Path) -> None:
     out = tmp_path / "result.json"

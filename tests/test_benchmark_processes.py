@@ -19,6 +19,7 @@ def test_every_process_runs_to_its_end_and_one_failure_stops_none_of_the_others(
     assert (tmp_path / "failing.log").read_text() == "to stderr\n"  # standard error went to its log
 
 
+@pytest.mark.slow
 def test_a_hang_fails_with_where_every_process_was():
     """Past the timeout every process prints its stacks (PYTHONFAULTHANDLER, SIGABRT) and the
     error carries them; nothing is left running."""

@@ -25,6 +25,7 @@ def test_price_classes_and_daily_cost():
     assert cost["total_usd"] == pytest.approx(2 * 0.005 + 10 * 0.0004)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_quick_round_benchmark_reports_phases_floor_and_request_counts(tmp_path):
     if find_weed() is None:
@@ -67,6 +68,7 @@ def test_quick_round_benchmark_reports_phases_floor_and_request_counts(tmp_path)
     assert result["targets"][-1]["setting"] == "2 learners at a 3 s period"  # not the target's 8 learners a minute
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_the_rounds_only_mode_times_both_arithmetics_and_fits_the_sweep(tmp_path):
     """``--rounds-only``: every merge × arithmetic, repeated, against the floor, and a sweep fitted

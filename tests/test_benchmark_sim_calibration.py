@@ -24,6 +24,7 @@ def spread_result(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_quick_calibration_fits_one_round_and_predicts_the_others(tmp_path):
     if find_weed() is None:

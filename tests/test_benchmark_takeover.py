@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_quick_takeover_times_each_scenario_on_each_store(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.takeover", "--quick", "--runs-dir", str(tmp_path)],

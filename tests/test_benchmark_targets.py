@@ -94,6 +94,7 @@ def test_no_benchmark_spells_a_verdict_of_its_own():
     assert not spelled, spelled
 
 
+@pytest.mark.slow
 def test_the_merge_benchmark_judges_nothing_on_one_run_and_reports_both_copy_references(tmp_path):
     out = tmp_path / "merge.json"
     command = [sys.executable, "-m", "benchmarks.merge", "--mb", "1", "--m", "2", "--repeat", "1", "--no-mlx", "--no-old"]

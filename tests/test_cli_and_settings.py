@@ -57,6 +57,7 @@ def finished_run(tmp_path_factory):
     return url, workdir, learners
 
 
+@pytest.mark.slow
 def test_status_shows_fragments_rounds_learners_and_syncer(finished_run, capsys):
     url, _, _ = finished_run
     assert main(["status", url, "--rounds", "2"]) == 0
@@ -284,6 +285,7 @@ def existing_run(tmp_path):
     return {"GRADIENTMAIL_MAILBOX": url, "GRADIENTMAIL_SCRIPT": str(script), "GRADIENTMAIL_LEARNER_ID": "n1"}
 
 
+@pytest.mark.slow
 def test_node_exits_2_on_bad_settings(tmp_path):
     ran = _node(tmp_path, GRADIENTMAIL_MAILBOX=f"file://{tmp_path / 'box'}", GRADIENTMAIL_SYNC_EVRY="30")
     assert ran.returncode == 2, ran.stderr
@@ -292,6 +294,7 @@ def test_node_exits_2_on_bad_settings(tmp_path):
     assert ran.returncode == 2 and "GRADIENTMAIL_MAILBOX is required" in ran.stderr, ran.stderr
 
 
+@pytest.mark.slow
 def test_node_exits_3_when_the_run_has_other_settings_or_another_key(existing_run, tmp_path):
     ran = _node(tmp_path, **existing_run, GRADIENTMAIL_SYNC_EVERY="5")
     assert ran.returncode == 3, ran.stderr
@@ -351,6 +354,7 @@ def test_the_node_runs_its_job_again_after_a_retryable_store_error(
 # -- the small things a stranger meets first ------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_node_logs_json_lines_at_the_level_asked(existing_run, tmp_path):
     """GRADIENTMAIL_LOG_FORMAT=json: every line on stderr is one JSON object; GRADIENTMAIL_LOG_LEVEL
     takes any case, and WARNING leaves out the node's INFO lines."""
@@ -408,6 +412,7 @@ def collected_run(tmp_path_factory):
     return url
 
 
+@pytest.mark.slow
 def test_replay_and_export_of_a_collected_round_say_retention_collected_it(collected_run, capsys):
     assert main(["replay", collected_run, "--fragment", "0", "--version", "1"]) == 2
     err = capsys.readouterr().err

@@ -83,6 +83,7 @@ def test_same_init_seed_gives_the_same_weights_in_both_frameworks():
     assert all(np.array_equal(torch_values[name], mlx_values[name]) for name in torch_values)
 
 
+@pytest.mark.slow
 def test_a_few_hundred_steps_lower_the_loss():
     import torch
 
@@ -101,6 +102,7 @@ def test_a_few_hundred_steps_lower_the_loss():
     assert after < 3.0 < before - 2
 
 
+@pytest.mark.slow
 def test_baseline_runs_in_quick_mode():
     result = subprocess.run(
         [sys.executable, "-m", "demo.baseline", "--quick", "--batch-size", "8", "--eval-windows", "32"],

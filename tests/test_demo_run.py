@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 """The repository root, where ``./scripts/train`` runs ``python -m demo``."""
 
@@ -19,6 +21,7 @@ def _loss(output: str, label: str) -> float:
     return float(match[1])
 
 
+@pytest.mark.slow
 def test_quick_demo_commits_rounds_and_learns(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "demo", "--quick", "--runs-dir", str(tmp_path)],

@@ -119,6 +119,7 @@ def _participants(mailbox, fragments: int) -> set[str]:
     return {p.learner for fragment in range(fragments) for record in rounds(mailbox, fragment)[1:] for p in record.participants}
 
 
+@pytest.mark.slow
 def test_the_image_entrypoint_runs_compose_learners_that_train_together(s3_run, tmp_path):
     url, credentials, mailbox = s3_run
     assert image_command() == ["gradientmail", "node"]
@@ -137,6 +138,7 @@ def test_the_image_entrypoint_runs_compose_learners_that_train_together(s3_run, 
     assert _participants(mailbox, 2) == {"learner-1", "learner-2"}
 
 
+@pytest.mark.slow
 def test_sigterm_closes_the_session_and_releases_the_lease(s3_run, tmp_path):
     url, credentials, mailbox = s3_run
     env = compose_learner_env("learner-3", url, credentials, tmp_path)
@@ -170,6 +172,7 @@ print("SCRIPT-DONE", __name__, session.learner_id, steps)
 """
 
 
+@pytest.mark.slow
 def test_the_node_runs_a_mounted_script_or_an_installed_entry_point(tmp_path):
     script = tmp_path / "mounted" / "train.py"
     script.parent.mkdir()
@@ -216,6 +219,7 @@ COMMIT_LINE = re.compile(
 )
 
 
+@pytest.mark.slow
 def test_the_node_logs_one_info_line_per_round_it_commits(tmp_path):
     """What `docker compose logs` shows: every committed round once, with its timings, at the
     node's default log level."""
@@ -270,12 +274,14 @@ def test_the_apple_host_runner_checks_the_python_version_first(tmp_path):
         ({"PYTHONPATH": ""}, "entrypoint: cannot load 'demo.worker:node_main'"),
     ],
 )
+@pytest.mark.slow
 def test_invalid_settings_stop_the_node_with_exit_2_naming_the_setting(settings, message, tmp_path):
     env = {**image_environment(tmp_path), "GRADIENTMAIL_MAILBOX": f"file://{tmp_path / 'box'}", **settings}
     ran = subprocess.run(image_command(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert ran.returncode == 2 and message in ran.stderr, ran.stderr
 
 
+@pytest.mark.slow
 def test_the_apple_host_runner_joins_a_mixed_run_with_the_containers_settings(s3_run, tmp_path):
     """scripts/apple-learner's real path (env file, set-up check, launch) with MLX's CPU build,
     joining the run a PyTorch learner, started as the image starts it, has trained.

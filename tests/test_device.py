@@ -151,6 +151,7 @@ def _gpu_check(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
     )
 
 
+@pytest.mark.slow
 @no_cuda
 def test_gpu_check_skips_without_cuda():
     result = _gpu_check()
@@ -164,6 +165,7 @@ def test_gpu_check_refuses_a_bad_device():
     assert result.returncode == 2 and "--device 'gpu'" in result.stderr
 
 
+@pytest.mark.slow
 def test_gpu_check_logic_on_the_cpu():
     result = _gpu_check("--device", "cpu", "--steps", "12", "--merge-elements", "65536", timeout=600)
     out = result.stdout

@@ -36,6 +36,7 @@ def _torch_learner(*args: str, env: dict[str, str] | None = None) -> subprocess.
     )
 
 
+@pytest.mark.slow
 def test_torch_learner_trains_on_the_device_it_is_given(tmp_path):
     mailbox = (tmp_path / "mailbox").as_uri()
     knobs = ["--steps", "2", "--batch", "2", "--sync-every", "2", "--fragments", "2", "--log-every", "2"]
@@ -45,6 +46,7 @@ def test_torch_learner_trains_on_the_device_it_is_given(tmp_path):
     assert "held-out loss" in result.stdout
 
 
+@pytest.mark.slow
 def test_examples_refuse_a_device_they_cannot_use(tmp_path):
     mailbox = (tmp_path / "mailbox").as_uri()
     bad = _torch_learner("--mailbox", mailbox, "--device", "gpu")
@@ -82,6 +84,7 @@ def test_torchrun_learner_trains_one_learner_of_two_ranks(tmp_path):
     assert RunStore(FileMailbox(tmp_path / "mailbox")).learners_with_leases() == ["a"]
 
 
+@pytest.mark.slow
 def test_the_tensorboard_learner_writes_its_reported_scalars_and_alignments(tmp_path):
     """examples/tensorboard_learner.py: a listener turns session.report() and alignments into
     TensorBoard scalars, read back here with TensorBoard's own event reader."""
@@ -100,6 +103,7 @@ def test_the_tensorboard_learner_writes_its_reported_scalars_and_alignments(tmp_
     assert len(losses) == 60 and losses[-1].step == 60 and losses[-1].value < losses[0].value
 
 
+@pytest.mark.slow
 def test_the_mlflow_learner_logs_its_reported_scalars_alignments_and_params(tmp_path):
     """examples/mlflow_learner.py: a listener turns session.report() and alignments into MLflow
     metrics in a local SQLite store, read back here with MLflow's own client."""

@@ -27,6 +27,7 @@ def mailbox_url(request, tmp_path):
     return url, env
 
 
+@pytest.mark.slow
 def test_three_learners_commit_every_version_once(mailbox_url, tmp_path):
     """INV-1, INV-2: on every store each version is committed once and lists each participant with its exact weight."""
     url, env = mailbox_url
@@ -51,6 +52,7 @@ def test_three_learners_commit_every_version_once(mailbox_url, tmp_path):
     assert contributors == {"n0", "n1", "n2"}
 
 
+@pytest.mark.slow
 def test_kill_9_of_the_syncer_holder(tmp_path):
     """INV-1, INV-3, INV-6: after kill -9 of the holder another node takes over within the TTL and carries on from the mailbox."""
     url = f"file://{tmp_path / 'box'}"
@@ -80,6 +82,7 @@ def test_kill_9_of_the_syncer_holder(tmp_path):
     assert results[0]["versions"] == {str(f): len(history[f]) - 1 for f in range(2)}
 
 
+@pytest.mark.slow
 def test_kill_9_of_a_learner_then_a_late_joiner(tmp_path):
     """INV-1, INV-3, INV-6: a dead learner stops counting once its lease expires; a late joiner starts from the commits."""
     url = f"file://{tmp_path / 'box'}"
@@ -109,6 +112,7 @@ def test_kill_9_of_a_learner_then_a_late_joiner(tmp_path):
     check_history(box, fragments=2)
 
 
+@pytest.mark.slow
 def test_a_pytorch_learner_and_an_mlx_learner_train_one_run(tmp_path):
     """INV-1: a mixed PyTorch/MLX run commits every version once (check_history)."""
     url = f"file://{tmp_path / 'box'}"
@@ -133,6 +137,7 @@ def test_a_pytorch_learner_and_an_mlx_learner_train_one_run(tmp_path):
                 np.testing.assert_allclose(result["params"][name], last["params"][name], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_every_learner_step_is_accounted_for_with_a_slow_learner(tmp_path):
     """INV-9: with one learner at half speed (quorum 1, the default carrying of unmerged work),
     every local step of every learner on every fragment is in exactly one round record: merged

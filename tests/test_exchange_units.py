@@ -503,6 +503,7 @@ def test_a_learner_publishes_early_when_the_round_is_one_short_of_quorum():
         session.close(wait=False)
 
 
+@pytest.mark.slow
 def test_after_aligning_a_fragment_is_next_due_a_period_later():
     """The schedule follows the run's rounds: aligned with a commit at step 7, the learner's next
     exchange is at 17, not at its own step 10 (the guide's behaviour: aligning replaced its work)."""
@@ -521,6 +522,7 @@ def test_after_aligning_a_fragment_is_next_due_a_period_later():
         session.close(wait=False)
 
 
+@pytest.mark.slow
 def test_work_a_commit_did_not_merge_is_carried_into_the_next_contribution():
     """INV-9: a commit that merged nothing of ours does not reset our work: at its next exchange
     (a period after aligning, step 17) the learner publishes all 17 steps against the new
@@ -549,6 +551,7 @@ def test_work_a_commit_did_not_merge_is_carried_into_the_next_contribution():
         session.close(wait=False)
 
 
+@pytest.mark.slow
 def test_work_past_the_carry_limit_is_dropped_and_reported_with_its_reason():
     """INV-9: unmerged work spanning more than max_carried_steps is re-aligned, not carried, and the
     next merged contribution reports it; the round record lists it with reason carry_limit."""
@@ -630,6 +633,7 @@ def test_names_that_are_no_key_of_the_layout_are_skipped_counted_and_logged_once
     assert store.newest_version(0) == 2
 
 
+@pytest.mark.slow
 def test_a_flood_of_records_cannot_crowd_out_a_live_learner_or_oversize_the_round_record(run):
     """INV-7, INV-12: 1,100 junk contribution records under leased ids, listed before the
     contribution of the learner that was in the round before: the round examines at most

@@ -29,6 +29,7 @@ def _batch(learner: Learner) -> int | None:
     return sizes[-1] if sizes else None
 
 
+@pytest.mark.slow
 def test_learners_share_the_global_batch_as_they_join_and_die(tmp_path: Path) -> None:
     url = f"file://{tmp_path / 'box'}"
     flags = [*ARGS, "--global-batch", str(GLOBAL)]

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 RDA = {"kind": "rda", "direct_pattern": "embed"}
@@ -66,6 +68,7 @@ def _parameters(manifest: dict) -> dict[str, tuple[int, ...]]:
 LEARNER_OPTIONS = ("--steps", "12", "--batch", "2", "--sync-every", "4", "--fragments", "2", "--log-every", "4")
 
 
+@pytest.mark.slow
 def test_two_torch_learners_train_one_model_with_the_default_merge(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
     outputs = _finish(
@@ -80,6 +83,7 @@ def test_two_torch_learners_train_one_model_with_the_default_merge(tmp_path: Pat
     assert all("held-out loss" in output for output in outputs)
 
 
+@pytest.mark.slow
 def test_an_mlx_learner_and_a_torch_learner_train_one_model(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
     _finish(
@@ -111,6 +115,7 @@ def test_the_torch_and_mlx_learners_define_the_same_model() -> None:
     np.testing.assert_allclose(np.array(mlx_model(mx.array(tokens))), expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_pythia_trains_from_scratch_with_the_weighted_mean(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
     options = ("--steps", "4", "--batch", "1", "--context", "16", "--sync-every", "2", "--fragments", "2", "--log-every", "2")
@@ -125,6 +130,7 @@ def test_pythia_trains_from_scratch_with_the_weighted_mean(tmp_path: Path) -> No
     assert _rounds(mailbox)
 
 
+@pytest.mark.slow
 def test_gpt2_trains_from_scratch_with_the_weighted_mean(tmp_path: Path) -> None:
     mailbox = tmp_path / "run"
     options = (

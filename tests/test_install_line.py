@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import gradientmail
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +33,7 @@ def test_the_readme_gives_an_install_line_for_each_platform():
     assert any("constraints.txt" in line for line in lines) and any("mlx" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_every_install_line_resolves_to_this_checkout():
     for line in install_lines():
         words = shlex.split(line)
@@ -47,6 +50,7 @@ def test_every_install_line_resolves_to_this_checkout():
         assert installed["download_info"]["url"] == ROOT.as_uri(), line
 
 
+@pytest.mark.slow
 def test_a_wheel_built_from_the_checkout_installs_into_a_fresh_environment(tmp_path):
     """docs/install.md's wheel: built without the network (the set-up's setuptools), installed
     into a new virtual environment with no other package, it carries the ``gradientmail`` import

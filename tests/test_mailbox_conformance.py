@@ -254,6 +254,7 @@ def test_non_str_key_is_refused(mailbox: Mailbox) -> None:
         mailbox.get(b"bytes-key")  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_list_returns_every_key_past_one_page(mailbox: Mailbox) -> None:
     """More than S3's 1,000-key page: all come back, so listing follows every page."""
     keys = [f"many/{index:05d}" for index in range(1100)]

@@ -42,6 +42,7 @@ def _race_threads(mailbox: Mailbox, key: str) -> dict[str, str]:
         return dict(pool.map(writer, [f"thread-{index}" for index in range(THREADS)]))
 
 
+@pytest.mark.slow
 def test_threads_race_on_create(mailbox: Mailbox, store: str) -> None:
     """INV-1: of threads racing to create one key exactly one wins and its bytes stay."""
     rounds = 1 if store == "s3" else 5  # SeaweedFS makes contended conditional writes wait ~1 s
@@ -73,6 +74,7 @@ def _race_processes(url: str, key: str) -> dict[str, str]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_processes_race_on_create_in_a_directory(tmp_path: Path) -> None:
     """INV-1: of processes racing to create one file exactly one wins and its bytes stay."""
     mailbox = FileMailbox(tmp_path / "mailbox")
@@ -80,6 +82,7 @@ def test_processes_race_on_create_in_a_directory(tmp_path: Path) -> None:
     _check_one_winner(mailbox, "rounds/0001.json", outcomes)
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_processes_race_on_create_in_s3(make_s3_mailbox, s3_server, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     # Children open the mailbox from its URL; credentials reach them the standard way.

@@ -69,6 +69,7 @@ class CallCounter:
 # -- large payloads ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_300_mb_round_trips_through_parallel_multipart(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     session = _session(s3_server)
     counter = CallCounter(session.events)
@@ -195,6 +196,7 @@ def _workload(mailbox: S3Mailbox) -> None:
     assert mailbox.list() == ["b"]
 
 
+@pytest.mark.slow
 def test_transient_failures_are_retried_and_replayable(make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server) -> None:
     operations = frozenset({"PutObject", "GetObject", "HeadObject", "ListObjectsV2", "DeleteObject"})
     runs = []

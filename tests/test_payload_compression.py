@@ -177,6 +177,7 @@ def test_learners_train_through_compressed_contributions_and_commits() -> None:
     assert audit_run(store, spec).failures == []
 
 
+@pytest.mark.slow
 @pytest.mark.s3
 def test_learner_processes_on_s3_exchange_compressed_blobs(s3_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Three learner processes on the loopback S3 server with ``payload_compression="zstd"``: every

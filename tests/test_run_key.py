@@ -98,6 +98,7 @@ def test_run_key_settings_and_keygen(tmp_path, monkeypatch):
     assert generate_run_key() != generate_run_key()
 
 
+@pytest.mark.slow
 def test_a_signed_run_of_real_learners_commits_and_passes_the_audit_only_with_its_key(tmp_path):
     """INV-10, INV-11: learner processes sharing a key commit a chained history; `gradientmail
     audit` passes with the key and fails without it (it cannot check a signed run's MACs)."""
@@ -160,6 +161,7 @@ def readme_snippet() -> str:
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["GRADIENTMAIL_RUN_KEY", "GRADIENTMAIL_RUN_KEY_FILE"])
 def test_the_readmes_snippet_with_only_the_variable_set_signs_the_run(s3_server, tmp_path, variable):
     """INV-10: the README's snippet, run unchanged against a loopback S3 bucket with the run key

@@ -31,6 +31,7 @@ def receiver(monkeypatch):
     server.stop()
 
 
+@pytest.mark.slow
 def test_metrics_and_round_spans_arrive_over_otlp_http(receiver, tmp_path):
     telemetry = gm.telemetry.configure(node="otlp-node")
     assert telemetry.otlp_metrics and telemetry.otlp_traces and telemetry.prometheus_address is None

@@ -127,6 +127,7 @@ def scraped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ScrapedRun
         prometheus.stop()
 
 
+@pytest.mark.slow
 def test_every_metric_the_run_exposes_passes_promtool_check_metrics(scraped_run: ScrapedRun) -> None:
     promtool = require_tool("promtool")
     assert len(scraped_run.expositions) == 5

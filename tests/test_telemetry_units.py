@@ -91,6 +91,7 @@ def test_rounds_commit_with_telemetry_off(tmp_path):
     assert gm.FileMailbox(tmp_path / "box").list(keys.rounds_prefix(0))
 
 
+@pytest.mark.slow
 def test_the_prometheus_endpoint_serves_every_metric_with_help(tmp_path):
     telemetry = gm.telemetry.configure(prometheus_port=0, prometheus_address="127.0.0.1", node="test-node")
     assert telemetry.prometheus_address is not None
@@ -223,6 +224,7 @@ def test_lease_ages_are_judged_on_the_observers_clock(tmp_path):
     assert a.election.lease_age() == 0.0 and b.election.lease_age() == 0.0 and a.election.ttl_s == 10.0
 
 
+@pytest.mark.slow
 def test_every_series_carries_its_run_and_lease_ages_are_exported(tmp_path):
     telemetry = gm.telemetry.configure(prometheus_port=0, prometheus_address="127.0.0.1", node="test-node")
     assert telemetry.prometheus_address is not None
