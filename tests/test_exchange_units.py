@@ -675,7 +675,7 @@ def test_records_under_made_up_ids_cost_a_pass_a_few_reads_and_never_hold_a_roun
     reads at most STRANGERS_PER_PASS of them, the live learner's round commits in that pass,
     and the rest are judged stale by name in the next round (no read)."""
     from gradientmail.store import LearnerLease
-    from gradientmail.syncer.runtime import STRANGERS_PER_PASS
+    from gradientmail.syncer.round_state import STRANGERS_PER_PASS
 
     box, store, spec, syncer = run
     LearnerLease(store, "zz-real", 10.0).renew({})

@@ -91,7 +91,7 @@ def test_a_dead_learner_is_dropped_by_the_syncer_within_a_ttl_and_a_poll():
     sim.run_until(died_at + 3 * TTL_S, until=lambda: victim.name not in leader.syncer.live)
     assert victim.name not in leader.syncer.live
     assert sim.clock.now - died_at <= TTL_S + POLL_S + 0.01
-    assert leader.syncer.learner_leases_expired == 1
+    assert leader.syncer.learners.expired == 1
 
 
 def test_a_contribution_from_another_process_is_committed_and_fetched_in_time():

@@ -151,10 +151,10 @@ def test_the_syncer_counts_learner_leases_that_expire_but_not_those_released(tmp
     clock.now += 1.0
     leaving.release()
     syncer.run_once()
-    assert set(syncer.live) == {"dying"} and syncer.learner_leases_expired == 0
+    assert set(syncer.live) == {"dying"} and syncer.learners.expired == 0
     clock.now += 1.5
     syncer.run_once()
-    assert syncer.live == {} and syncer.learner_leases_expired == 1
+    assert syncer.live == {} and syncer.learners.expired == 1
 
 
 def test_a_learner_lease_already_dead_at_the_first_read_is_counted_once():
@@ -173,7 +173,7 @@ def test_a_learner_lease_already_dead_at_the_first_read_is_counted_once():
     syncer = SyncerRuntime(store, get_backend("numpy"), spec, "node", poll_interval_s=0.2, clock=clock, store_clock=store_clock)
     syncer.run_once()
     syncer.run_once()
-    assert "killed" not in syncer.live and syncer.learner_leases_expired == 1
+    assert "killed" not in syncer.live and syncer.learners.expired == 1
 
 
 def test_a_takeover_counts_an_expired_syncer_lease_but_not_a_released_one():
@@ -201,7 +201,7 @@ def test_lease_ages_are_judged_on_the_observers_clock(tmp_path):
     clock_a, clock_b = FakeClock(), FakeClock()
     a = SyncerRuntime(store, get_backend("numpy"), spec, "a", poll_interval_s=0.2, clock=clock_a)
     b = SyncerRuntime(store, get_backend("numpy"), spec, "b", poll_interval_s=0.2, clock=clock_b)
-    assert a.election.lease_age() is None and b.learner_lease_ages() == {}
+    assert a.election.lease_age() is None and b.learners.ages() == {}
     a.run_once()
     clock_a.now += 0.2
     a.run_once()  # the renewal that announces the version it loaded (the bulletin)
@@ -213,10 +213,10 @@ def test_lease_ages_are_judged_on_the_observers_clock(tmp_path):
     clock_a.now += 2.0
     clock_b.now += 3.0
     assert a.election.lease_age() == 2.0 and b.election.lease_age() == 3.0
-    assert a.learner_lease_ages() == {"l0": 2.0} and b.learner_lease_ages() == {"l0": 3.0}
+    assert a.learners.ages() == {"l0": 2.0} and b.learners.ages() == {"l0": 3.0}
     lease.renew({})
     b.run_once()
-    assert b.learner_lease_ages() == {"l0": 0.0} and b.election.lease_age() == 3.0  # a has not renewed yet
+    assert b.learners.ages() == {"l0": 0.0} and b.election.lease_age() == 3.0  # a has not renewed yet
     a.run_once()  # 2 s is not yet a third of the TTL: no renewal
     clock_a.now += 2.0
     a.run_once()  # renews: a's age restarts, and b sees the new token on its next poll

@@ -11,12 +11,17 @@ learners without it read the full parameters.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
+
 from gradientmail.backends import Backend, payload
-from gradientmail.errors import CorruptPayload, GradientMailError, KeyNotFound
-from gradientmail.store import RunSpec, RunStore
+from gradientmail.errors import CorruptPayload, GradientMailError, InvalidRecord, KeyNotFound
+from gradientmail.store import CommittedVersion, RunSpec, RunStore
 from gradientmail.syncer.rounds import replayed_draft
 
-__all__ = ["restore_version"]
+__all__ = ["Repaired", "load_or_repair", "restore_version"]
+
+log = logging.getLogger(__name__)
 
 
 def restore_version(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> list[str]:
@@ -40,3 +45,32 @@ def restore_version(store: RunStore, backend: Backend, spec: RunSpec, fragment: 
         data = payload.encode({name: backend.to_numpy(tensor) for name, tensor in recomputed[ref.key].items()})
         store.restore_blob(ref, data)
     return [ref.key for ref in damaged]
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """What ``load_or_repair`` did instead of loading: a forged round record deleted, or blobs
+    restored by replay (the next pass loads what is there now)."""
+
+    removed_round: bool = False
+    restored: tuple[str, ...] = ()
+
+
+def load_or_repair(store: RunStore, backend: Backend, spec: RunSpec, fragment: int, version: int) -> CommittedVersion | Repaired:
+    """Load ``version`` of ``fragment``; when its newest round record is unreadable and no node
+    wrote it, delete it (``RunStore.remove_unreadable_round``); when a blob of it is gone or
+    damaged, put it back by replay (``restore_version``). Raises what neither explains."""
+    try:
+        return store.load_version(spec, fragment, version)
+    except InvalidRecord:
+        removed = store.remove_unreadable_round(fragment, version)
+        if removed is None:
+            raise
+        log.warning("fragment %d: deleted the round record at version %d, which no node wrote: %s", fragment, version, removed)
+        return Repaired(removed_round=True)
+    except (KeyNotFound, CorruptPayload) as exc:
+        restored = restore_version(store, backend, spec, fragment, version)
+        if not restored:
+            raise
+        log.warning("fragment %d version %d: %s; restored %s by replaying its round", fragment, version, exc, restored)
+        return Repaired(restored=tuple(restored))

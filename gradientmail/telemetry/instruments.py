@@ -65,7 +65,7 @@ class MetricsRecorder:
                 item
                 for r in hooks.syncers()
                 for item in (
-                    (r.learner_leases_expired, {**_node(r), "kind": "learner"}),
+                    (r.learners.expired, {**_node(r), "kind": "learner"}),
                     (r.election.leases_expired, {**_node(r), "kind": "syncer"}),
                 )
             ),
@@ -247,7 +247,7 @@ def _lease_ages() -> Iterable[tuple[float, dict[str, str]]]:
         age = runtime.election.lease_age()
         if age is not None:
             yield age, {**node, "kind": "syncer", "holder": runtime.election.holder or ""}
-        for learner, learner_age in runtime.learner_lease_ages().items():
+        for learner, learner_age in runtime.learners.ages().items():
             yield learner_age, {**node, "kind": "learner", "holder": learner}
 
 
