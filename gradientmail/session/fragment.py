@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradientmail.algorithms.align import WorkMark
+from gradientmail.algorithms import schedule
+from gradientmail.algorithms.align import AlignmentPlan, WorkMark
 from gradientmail.backends import Backend, Tensor
 from gradientmail.backends.host import HostBuffer
 from gradientmail.records import Realignment
@@ -150,6 +151,37 @@ class LearnerFragment:
         if backend.reuses_host_buffers:
             self.buffers.append(buffer)  # others (MLX) are fresh arrays each time
         return buffer
+
+    def publication(self, snapshot: HostBuffer, now: WorkMark, *, final: bool, step_time_s: float | None) -> Publication:
+        """The contribution of the work since ``unmerged_from`` (at ``now``), from ``snapshot``:
+        its counts say how much, how long a step took, how much was carried and what was dropped."""
+        work = now.since(self.unmerged_from)
+        counts = ContributionCounts(
+            steps=work.steps,
+            samples=work.samples,
+            final=final,
+            step_time_s=step_time_s,
+            carried_steps=max(0, self.anchor_step - self.unmerged_from.steps),
+            realigned=tuple(self.realigned),
+        )
+        return Publication(self.index, self.anchor_version, self.anchor, snapshot, counts, now)
+
+    def aligned(self, commit: Commit, plan: AlignmentPlan, *, steps: int, sync_every: int) -> None:
+        """Aligned with ``commit`` by ``plan`` at local step ``steps`` (the model written): the work
+        to report as dropped, the new anchor, and the step the schedule next asks for it."""
+        merged = commit.merged
+        if merged is not None:
+            self.realigned.clear()  # the merged contribution reported them
+        if plan.dropped is not None:
+            dropped = plan.dropped
+            self.realigned.append(
+                Realignment(steps=dropped.steps, samples=dropped.samples, reason="carry_limit", at_version=commit.version)
+            )
+        self.unmerged_from = plan.unmerged_from
+        self.anchor, self.anchor_version, self.anchor_step = commit.params, commit.version, steps
+        self.outstanding = None
+        self.due_step = schedule.next_due(steps, merged.taken_at.steps if merged is not None else None, sync_every)
+        self.half_period_pending = False
 
     # -- the exchange thread -------------------------------------------------------------
     def hold(self, publication: Publication, *, carry: bool) -> None:

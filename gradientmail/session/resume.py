@@ -42,7 +42,7 @@ from gradientmail.errors import CorruptPayload, InvalidConfig, InvalidRecord, Ke
 from gradientmail.records import keys
 from gradientmail.store import RunStore
 
-__all__ = ["MAILBOX", "STATE_FORMAT", "LearnerState", "StateFile", "StateInMailbox", "Stateful"]
+__all__ = ["MAILBOX", "STATE_FORMAT", "LearnerState", "StateFile", "StateInMailbox", "Stateful", "learner_state"]
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,15 @@ class StateInMailbox:
             log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
             return None
         return None if found is None else found[1]
+
+
+def learner_state(state_dir: str | None, store: RunStore, name: str, compress: Callable[[], bool]) -> LearnerState | None:
+    """Where learner ``name``'s state is saved: ``state_dir``, or with ``"mailbox"`` its prefix
+    in the mailbox (stored compressed when ``compress()``: the run's setting, known once
+    joined); None without a ``state_dir``."""
+    if not state_dir:
+        return None
+    return LearnerState(StateInMailbox(store, name, compress) if state_dir == MAILBOX else StateFile(state_dir, name), name)
 
 
 class LearnerState:
