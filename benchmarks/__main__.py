@@ -30,11 +30,9 @@ SUITES: dict[str, list[list[str]]] = {
         ["peer_torchft", "--quick"],
     ],
 }
-HELPERS = {
-    "seaweed", "fault_proxy", "delay_proxy", "chaos_worker", "chaos_hostile", "peer_worker", "s3_requests", "timing",
-    "processes", "targets",
-}  # fmt: skip
-"""Modules of this package that other benchmarks use and that measure nothing themselves."""
+HELPERS = {"arms", "chaos_worker", "chaos_hostile", "peer_worker", "s3_requests", "timing", "targets"}
+"""Modules of this package that other benchmarks use and that measure nothing themselves (the
+harness shared with the tests is ``testing/``)."""
 THROUGH: dict[str, list[str]] = {
     "regimes": ["quality", "--regimes"],
     "straggler": ["quality", "--straggler"],

@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 import gradientmail as gm
-from benchmarks.bad_input import FRAGMENT, HONEST, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
 from gradientmail.audit import DigestLog, audit_run
 from gradientmail.records import RoundRecord, keys
 from gradientmail.records.auth import RunKey
@@ -43,6 +42,7 @@ from gradientmail.session.join import newest_readable
 from gradientmail.store import LearnerLease
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.syncer.bounds import MIN_HISTORY, MIN_ROUNDS, NORM_RATIO, SAMPLES_PER_STEP_RATIO
+from testing.mailbox_run import FRAGMENT, HONEST, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
 
 __all__ = ["RUN_CASES", "RunCase", "RunRow", "bench_run_case"]
 

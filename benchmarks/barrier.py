@@ -22,9 +22,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks.processes import run_side_by_side
-from benchmarks.seaweed import Seaweed, find_weed
 from benchmarks.targets import MIN_RUNS, at_most, information, verdict
+from testing.processes import run_side_by_side
+from testing.seaweed import Seaweed, find_weed
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_SPREAD_S = 0.05

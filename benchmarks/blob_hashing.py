@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.seaweed import Seaweed
 from gradientmail.mailbox import S3Mailbox, S3Tuning
+from testing.seaweed import Seaweed
 
 MiB = 1 << 20
 

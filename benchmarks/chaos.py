@@ -5,7 +5,7 @@
     python -m benchmarks.chaos --no-faults       # kills only (the proxy stays in the path, faulting nothing)
     python -m benchmarks.chaos --hostile         # and a bucket writer without the key (benchmarks/chaos_hostile.py)
 
-Starts a loopback SeaweedFS S3 server, ``benchmarks.fault_proxy`` in front of it (503s, 500s
+Starts a loopback SeaweedFS S3 server, ``testing.fault_proxy`` in front of it (503s, 500s
 after the write landed, connection resets before and after forwarding, 0.3–2 s delays and
 truncated bodies on a share of requests) and N learner processes (``benchmarks.chaos_worker``)
 whose mailbox is the proxy. About every ``--kill-every`` seconds (seeded) one node gets
@@ -50,14 +50,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_hostile import HostileWriter, stray_only
-from benchmarks.fault_proxy import FAULT_KINDS, FaultProxy
-from benchmarks.seaweed import Seaweed, die_with_parent, find_weed
 from benchmarks.targets import conditions
 from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.polling import idle_interval
 from gradientmail.records import Lease, RoundRecord, keys
 from gradientmail.store import LeaseRead, RunStore
+from testing.fault_proxy import FAULT_KINDS, FaultProxy
+from testing.seaweed import Seaweed, die_with_parent, find_weed
 
 ROOT = Path(__file__).resolve().parent.parent
 S3_STAMP_RESOLUTION_S = 1.0

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 import gradientmail as gm
-from benchmarks.seaweed import Seaweed
 from demo.data import BatchSampler, load_corpus
 from demo.model import GPT, loss_fn, make_optimizer
 from demo.model_config import DEFAULT_CONFIG
 from gradientmail.session.resume import LearnerState, StateFile, StateInMailbox
 from gradientmail.store import RunStore
+from testing.seaweed import Seaweed
 
 SAVE_EVERY = 100
 """The default ``save_state_every``, for the share of training time."""

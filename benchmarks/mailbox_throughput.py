@@ -9,7 +9,7 @@ by side, interleaved round by round (``--repeat`` rounds):
   ``BytesIO`` with the default ``TransferConfig`` (8 MiB parts, 10 threads).
 
 First on loopback, where the server and the CPU are the limit, then through
-``benchmarks/delay_proxy.py`` (a round trip of ``--rtt-ms`` added and at most
+``testing/delay_proxy.py`` (a round trip of ``--rtt-ms`` added and at most
 ``--window-kib`` in flight per connection, so one connection carries ``window / rtt``:
 by default 20 ms and 512 KiB, about 26 MB/s, like one stream to a store in another
 region), where the link is, as long as the connections together stay below what the
@@ -45,9 +45,9 @@ from pathlib import Path
 from typing import Any
 
 import gradientmail as gm
-from benchmarks.delay_proxy import DelayLink
-from benchmarks.seaweed import Seaweed
 from benchmarks.targets import Verdict, at_least, information, verdict
+from testing.delay_proxy import DelayLink
+from testing.seaweed import Seaweed
 
 LOOPBACK_TARGET = 0.9
 """Mailbox put/get at least this share of the best plain boto3 client on loopback."""
@@ -229,7 +229,7 @@ def main() -> None:
             "rtt_ms": args.rtt_ms,
             "window_kib": args.window_kib,
             "per_connection_mb_s": args.window_kib * 1024 / (args.rtt_ms / 1000) / 1e6,
-            "how": "benchmarks/delay_proxy.py",
+            "how": "testing/delay_proxy.py",
             "netem": netem or "available (unused: the proxy runs everywhere)",
         },
     }
@@ -254,7 +254,7 @@ def main() -> None:
     for v in verdicts:
         print(f"  {v.line('{:.2f}x')}")
     if netem and not args.skip_link:
-        print(f"\ndelayed link through benchmarks/delay_proxy.py; tc netem unusable here: {netem}")
+        print(f"\ndelayed link through testing/delay_proxy.py; tc netem unusable here: {netem}")
     result["seconds"] = time.perf_counter() - started
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

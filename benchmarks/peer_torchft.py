@@ -22,7 +22,7 @@ medians:
    ``--quorum``, ``--merge``, ``--overlap-steps``, ``--no-carry``, ``--max-staleness``,
    ``--grace-tau`` or ``--grace-max-s`` say otherwise (``--quorum 2 --overlap-steps 0 --merge
    weighted_mean`` is lock-step DiLoCo, what torchft runs);
-5. the same on a loopback SeaweedFS (``benchmarks/seaweed.py``; the server shares the cores).
+5. the same on a loopback SeaweedFS (``testing/seaweed.py``; the server shares the cores).
 
 Per arm: throughput against the bare loop (the bare loop's seconds ÷ the arm's, the loops'
 first to last step, mean of the learners, per repeat); the time the exchange holds the
@@ -286,7 +286,7 @@ class Servers:
 
     def seaweed(self) -> Any:
         if self._seaweed is None:
-            from benchmarks.seaweed import Seaweed
+            from testing.seaweed import Seaweed
 
             self._seaweed = Seaweed.start(self._workdir / "seaweed")
         return self._seaweed

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from benchmarks import quality
-from benchmarks.seaweed import Seaweed
+from benchmarks import arms
 from benchmarks.targets import DEFAULTS, MIN_RUNS, Verdict, at_least, at_most, verdict
 from demo.model_config import DEFAULT_CONFIG, GPTConfig
+from testing.seaweed import Seaweed
 
 SHORT_STEP_MODEL = GPTConfig(context=64, layers=2, width=64, heads=4)
 """A smaller GPT whose steps take ~10–15 ms on one thread here: a step short next to a mailbox
@@ -74,9 +74,9 @@ REGIMES: tuple[Regime, ...] = (
 @dataclass
 class RegimeResult:
     regime: str
-    arm: quality.Arm
-    sync: quality.Arm
-    alone: quality.Arm
+    arm: arms.Arm
+    sync: arms.Arm
+    alone: arms.Arm
     seed: int = 0
 
     @property
@@ -113,12 +113,12 @@ def regime_verdicts(results: Sequence[RegimeResult], setting: str) -> list[Verdi
 def sleeps_for(regime: Regime, cores: int) -> list[float]:
     """Seconds each learner sleeps after a step so that its speed is ``1 / speed`` of a full-speed
     learner's under this regime's contention (learners share the cores)."""
-    step_s = quality.step_time_s(regime.model) * max(1.0, regime.learners / cores)
+    step_s = arms.step_time_s(regime.model) * max(1.0, regime.learners / cores)
     torch.set_num_threads(cores)
     return [(speed - 1.0) * step_s for speed in regime.speeds]
 
 
-References = dict[tuple[int, int, int, GPTConfig, int], tuple[quality.Arm, quality.Arm]]
+References = dict[tuple[int, int, int, GPTConfig, int], tuple[arms.Arm, arms.Arm]]
 """Synchronous DiLoCo and one learner alone per (learners, steps, H, model, data seed)."""
 
 
@@ -138,8 +138,8 @@ def run_matrix(
             key = (*regime.reference_key, seed)
             if key not in references:
                 torch.set_num_threads(cores)
-                sync = quality.sync_diloco(regime.model, regime.steps, regime.learners, regime.sync_every, seed=seed)
-                alone = quality.single_learner(regime.model, regime.steps, seed=seed)
+                sync = arms.sync_diloco(regime.model, regime.steps, regime.learners, regime.sync_every, seed=seed)
+                alone = arms.single_learner(regime.model, regime.steps, seed=seed)
                 references[key] = (sync, alone)
                 print(f"  seed {seed}: references M = {regime.learners}, H = {regime.sync_every}: sync DiLoCo "
                       f"{sync.val_loss:.4f}, one learner alone {alone.val_loss:.4f}", flush=True)  # fmt: skip
@@ -149,7 +149,7 @@ def run_matrix(
                 if server is None:
                     server = Seaweed.start(Path(scratch.name), bucket="gradientmail-regimes")
                 s3 = server.server
-            arm = quality.gradientmail_arm(
+            arm = arms.gradientmail_arm(
                 "GradientMail defaults" if not knobs else f"GradientMail {json.dumps(knobs)}",
                 knobs,
                 regime.name,

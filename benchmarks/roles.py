@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 import gradientmail as gm
-from benchmarks.quality import ROOT, Arm, gradientmail_arm
+from benchmarks.arms import ROOT, Arm, gradientmail_arm
 from benchmarks.targets import MIN_RUNS, check, within_noise
 from gradientmail.mailbox.directory import MTIME_RESOLUTION_S
 from gradientmail.store import RunStore

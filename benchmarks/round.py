@@ -56,7 +56,6 @@ import numpy as np
 import gradientmail as gm
 from benchmarks import s3_requests
 from benchmarks.s3_requests import RequestCounter, counting_session
-from benchmarks.seaweed import S3Endpoint, Seaweed
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import S3Tuning
@@ -66,6 +65,7 @@ from gradientmail.store import ContributionCounts, RunStore
 from gradientmail.store import run_store as run_store_module
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry_hooks
+from testing.seaweed import S3Endpoint, Seaweed
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_R2 = 0.98

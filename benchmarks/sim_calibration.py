@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.round import COLLECT_PHASE, WRITE_PHASE, one_round
-from benchmarks.seaweed import Seaweed
 from benchmarks.targets import information, verdict, within
 from gradientmail.simulate import Model
 from gradientmail.simulate.bottleneck import busiest_share, carried_per_round
+from testing.seaweed import Seaweed
 
 ROOT = Path(__file__).resolve().parent.parent
 TOLERANCE = 0.10
@@ -149,7 +149,7 @@ def participation(scratch: Path, learners: int, steps: int, sync_every: int) -> 
     """Real learner processes (the regime matrix's short-step model) per arm; the form's learners
     per round from the run's own period (H over the learners' median step rate, phases taken evenly
     round it) and round window (recorded grace + poll) and ξ_sync, beside the measured mean."""
-    from benchmarks.quality import gradientmail_arm
+    from benchmarks.arms import gradientmail_arm
     from benchmarks.regimes import SHORT_STEP_MODEL
 
     rows = []

@@ -27,7 +27,7 @@ from datetime import datetime
 from pathlib import Path
 
 import gradientmail as gm
-from benchmarks.quality import ROOT, SEED_STRIDE, Arm, gradientmail_arm
+from benchmarks.arms import ROOT, SEED_STRIDE, Arm, gradientmail_arm
 from benchmarks.targets import MIN_RUNS, at_most, information, verdict
 
 TARGET_BUSIEST_RATIO = 1.5

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 import gradientmail as gm
-from benchmarks import quality
+from benchmarks import arms
 from benchmarks.regimes import SHORT_STEP_MODEL, Regime, sleeps_for
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_most, verdict
 from demo import model as torch_gpt
@@ -89,7 +89,7 @@ def committed_timeline(box_dir: Path, config: GPTConfig) -> list[tuple[float, in
     origin = _seconds(store.read_round(0, 0).created_at)
     backend = gm.get_backend("torch")
     model = torch_gpt.GPT(config)
-    windows = quality.validation(config)
+    windows = arms.validation(config)
     points = []
     for version in versions:
         stamp = _seconds(store.read_round(0, version).created_at) - origin
@@ -102,7 +102,7 @@ def committed_timeline(box_dir: Path, config: GPTConfig) -> list[tuple[float, in
 def run_arm(
     name: str, algorithm: gm.DiLoCo, steps: list[int], sleeps: list[float], config: GPTConfig, workdir: Path, seed: int = 0
 ) -> Timeline:
-    arm = quality.gradientmail_arm(name, {}, "1:1:2:4", sleeps, steps, workdir, config=config, algorithm=algorithm, seed=seed)
+    arm = arms.gradientmail_arm(name, {}, "1:1:2:4", sleeps, steps, workdir, config=config, algorithm=algorithm, seed=seed)
     points = committed_timeline(workdir / "mailbox", config)
     return Timeline(name, steps, points[-1][0], arm.val_loss, arm.merged_share, points)
 
@@ -156,7 +156,7 @@ def one_seed(
         flush=True,
     )
     torch.set_num_threads(cores)
-    sync = quality.sync_diloco(config, steps, len(SPEEDS), sync_every, seed=seed)
+    sync = arms.sync_diloco(config, steps, len(SPEEDS), sync_every, seed=seed)
     sync_reached = ours.time_to(sync.val_loss)
     print(f"  seed {seed}: synchronous DiLoCo in one process ({steps} steps each): {sync.val_loss:.4f}; the defaults reach it at "
           f"{'never' if sync_reached is None else f'{sync_reached:.0f} s'}")  # fmt: skip

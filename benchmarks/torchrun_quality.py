@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.processes import Hung, run_side_by_side
 from benchmarks.targets import MIN_RUNS, within_noise
+from testing.processes import Hung, run_side_by_side
 
 ROOT = Path(__file__).resolve().parent.parent
 ARMS = ("single", "groups", "fsdp")
@@ -37,7 +37,7 @@ HELD_OUT = re.compile(r"committed model, held-out loss ([0-9.]+)")
 
 
 def _run(commands: list[list[str]], timeout: float) -> list[str]:
-    """Run the learners side by side (``benchmarks/processes.py``: a hang fails with every
+    """Run the learners side by side (``testing/processes.py``: a hang fails with every
     process's stacks); a learner that fails fails the run."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GRADIENTMAIL_")} | {"OMP_NUM_THREADS": "1"}
     try:

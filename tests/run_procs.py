@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.processes import Hung, run_side_by_side
 from gradientmail.mailbox import Mailbox
 from gradientmail.records import Lease, RoundRecord, keys
 from gradientmail.store import RunStore
+from testing.processes import Hung, run_side_by_side
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +109,7 @@ def run_torchrun(
     cwd: Path = ROOT,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """A torchrun launch (``benchmarks/processes.py``: past ``timeout`` it fails with every rank's
+    """A torchrun launch (``testing/processes.py``: past ``timeout`` it fails with every rank's
     stacks, ``HUNG`` in its output), tried a second time only after a failure whose output holds
     one of ``retry_on``; the first failure's output is then a warning, so a retried launch still
     says what went wrong. Standard error is part of ``stdout``."""

@@ -1,12 +1,12 @@
-"""The tests' loopback SeaweedFS S3 server: the benchmarks' (``benchmarks/seaweed.py``), with the
+"""The tests' loopback SeaweedFS S3 server: the benchmarks' (``testing/seaweed.py``), with the
 tests' bucket and credentials. It needs SIGKILL to stop promptly; ``stop`` sends it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks.seaweed import S3Endpoint as S3Server
-from benchmarks.seaweed import Seaweed, find_weed
+from testing.seaweed import S3Endpoint as S3Server
+from testing.seaweed import Seaweed, find_weed
 
 __all__ = ["S3Server", "SeaweedFS", "find_weed"]
 

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "gradientmail"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
@@ -75,10 +77,10 @@ def layer_of(relative: str) -> int | None:
     return max(matches)[1] if matches else None
 
 
-def modules() -> dict[str, Path]:
+def modules(package: Path = PACKAGE) -> dict[str, Path]:
     """Every module of the package by dotted name (a package by its own name, for its __init__.py)."""
     found: dict[str, Path] = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         if "__pycache__" in path.parts:
             continue
         parts = list(path.relative_to(ROOT).with_suffix("").parts)
@@ -127,7 +129,7 @@ def _known(name: str, known: dict[str, Path]) -> str | None:
     return None
 
 
-def imports(known: dict[str, Path]) -> list[Import]:
+def imports(known: dict[str, Path], top: str = "gradientmail") -> list[Import]:
     """Every import from one gradientmail module of another, relative imports resolved.
 
     ``from P import X`` goes to the module P.X when there is one, else to P. ``from gradientmail import X``
@@ -149,10 +151,10 @@ def imports(known: dict[str, Path]) -> list[Import]:
                 else:
                     base = node.module or ""
                 targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
-                if base == "gradientmail":
+                if base == top:
                     targets.append(base)
             for target in targets:
-                if target != "gradientmail" and not target.startswith("gradientmail."):
+                if target != top and not target.startswith(f"{top}."):
                     continue
                 resolved = _known(target, known)
                 if resolved is not None and resolved != source:
@@ -264,12 +266,12 @@ def test_imports_only_go_to_the_same_or_a_lower_layer() -> None:
     assert not upward, "imports that go up a layer (docs/architecture.md):\n" + "\n".join(sorted(upward))
 
 
-def import_graph(known: dict[str, Path]) -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
+def import_graph(known: dict[str, Path], top: str = "gradientmail") -> tuple[dict[str, set[str]], set[tuple[str, str]]]:
     """Every module's imports as a graph (all of them: module level, inside functions, TYPE_CHECKING),
     and the edges made only of deferred or type-only imports."""
     graph: dict[str, set[str]] = {name: set() for name in known}
     eager: set[tuple[str, str]] = set()
-    for found in imports(known):
+    for found in imports(known, top):
         graph[found.source].add(found.target)
         if found.at_import_time:
             eager.add((found.source, found.target))
@@ -277,17 +279,30 @@ def import_graph(known: dict[str, Path]) -> tuple[dict[str, set[str]], set[tuple
     return graph, deferred
 
 
-def test_no_import_cycles() -> None:
+@pytest.mark.parametrize("top", ["gradientmail", "benchmarks", "testing"])
+def test_no_import_cycles(top: str) -> None:
     """No circle of any length, counting imports inside functions and under TYPE_CHECKING too: a deferred
-    import is a circle that waits for its first call, and a type-only one still ties the layers together."""
-    known = modules()
-    graph, deferred = import_graph(known)
+    import is a circle that waits for its first call, and a type-only one still ties the layers together.
+    The same holds among the benchmarks and in the harness they share with the tests."""
+    known = modules(ROOT / top)
+    graph, deferred = import_graph(known, top)
     cycles = []
     for component in strongly_connected(graph):
         cycle = _one_cycle(component, graph)
         steps = [f"{a} -> {b}" + (" (deferred)" if (a, b) in deferred else "") for a, b in zip(cycle, cycle[1:], strict=False)]
         cycles.append("; ".join(steps) + f"  (cycle among {', '.join(component)})")
     assert not cycles, "import cycles among modules (docs/architecture.md):\n" + "\n".join(cycles)
+
+
+def test_the_harness_stands_below_the_benchmarks_and_the_tests() -> None:
+    """``testing/`` is shared: it imports neither the benchmarks nor the tests, and the library none of them."""
+    found = []
+    for top, others in (("testing", ("benchmarks", "tests")), ("gradientmail", ("benchmarks", "tests", "testing"))):
+        for name, path in modules(ROOT / top).items():
+            for node, _ in _import_nodes(ast.parse(path.read_text(), str(path))):
+                targets = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                found += [f"{name} -> {t}" for t in targets if t.split(".")[0] in others]
+    assert not found, "imports above the shared harness:\n" + "\n".join(found)
 
 
 def test_the_cycle_check_sees_deferred_imports_and_long_cycles() -> None:
@@ -298,3 +313,13 @@ def test_the_cycle_check_sees_deferred_imports_and_long_cycles() -> None:
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert strongly_connected(graph) == [["a", "b", "c"]]
     assert _one_cycle(["a", "b", "c"], graph) == ["a", "b", "c", "a"]
+
+
+def test_the_contribution_path_names_modules_that_exist() -> None:
+    """docs/architecture.md's picture of a contribution's path names a module at every stage."""
+    text = ARCHITECTURE.read_text()
+    picture = text.split("## A contribution's path", 1)[1].split("```", 2)[1]
+    named = re.findall(r"\b([a-z_]+/[a-z_]+\.py)\b", picture)
+    assert len(named) >= 10, "the picture names the module of each stage"
+    missing = [path for path in named if not (PACKAGE / path).is_file()]
+    assert not missing, f"the contribution's path names modules that are not there: {missing}"

@@ -17,22 +17,9 @@ import pytest
 
 import gradientmail as gm
 from benchmarks.bad_input import (
-    ALGORITHM,
     CASES,
-    FRAGMENT,
-    HONEST,
-    LEASE_TTL_S,
-    MALLORY,
-    NUMPY,
     OTHER_SECRET,
-    RUN_SECRET,
-    SAMPLES,
     Case,
-    MiB,
-    Run,
-    create_run,
-    file_reads,
-    initial_params,
     plant_big_learner_lease,
     plant_deep_learner_lease,
     plant_garbage_syncer_lease,
@@ -48,6 +35,21 @@ from gradientmail.records import Contribution, Lease, keys
 from gradientmail.records.auth import RunKey
 from gradientmail.store import RunStore, StoredRound
 from gradientmail.syncer import replay_round
+from testing.mailbox_run import (
+    ALGORITHM,
+    FRAGMENT,
+    HONEST,
+    LEASE_TTL_S,
+    MALLORY,
+    NUMPY,
+    RUN_SECRET,
+    SAMPLES,
+    MiB,
+    Run,
+    create_run,
+    file_reads,
+    initial_params,
+)
 from tests.fake_clock import FakeClock
 
 

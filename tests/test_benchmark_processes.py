@@ -1,4 +1,4 @@
-"""benchmarks/processes.py: learner processes side by side, and a hang that fails with its stacks."""
+"""testing/processes.py: learner processes side by side, and a hang that fails with its stacks."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from benchmarks.processes import HUNG, Hung, run_side_by_side
+from testing.processes import HUNG, Hung, run_side_by_side
 
 
 def test_every_process_runs_to_its_end_and_one_failure_stops_none_of_the_others(tmp_path):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.chaos_hostile import stray_only
-from benchmarks.fault_proxy import FaultProxy
+from testing.fault_proxy import FaultProxy
 from tests.seaweedfs import S3Server, find_weed
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,11 +13,11 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from benchmarks.fault_proxy import FaultProxy
 from gradientmail.backends import payload
 from gradientmail.mailbox import ForwardingMailbox, MemoryMailbox, S3Mailbox, S3Tuning
 from gradientmail.mailbox._s3_transfer import PartBody
 from gradientmail.mailbox.base import Gathered
+from testing.fault_proxy import FaultProxy
 from tests.seaweedfs import S3Server
 
 MiB = 1024 * 1024

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from benchmarks.bad_input import FRAGMENT, Run, create_run
 from gradientmail.backends import payload
 from gradientmail.errors import CorruptPayload, MailboxError, MailboxUnavailable
 from gradientmail.mailbox import ForwardingMailbox, Mailbox, MemoryMailbox
@@ -23,6 +22,7 @@ from gradientmail.store import RunStore, VersionDraft
 from gradientmail.syncer import replay_round
 from gradientmail.syncer import runtime as runtime_module
 from gradientmail.syncer.rounds import Fetched, check_fetched, fetch_contribution, validate
+from testing.mailbox_run import FRAGMENT, Run, create_run
 
 LEARNERS = ("alice", "bob", "carol", "dave", "erin", "frank")
 

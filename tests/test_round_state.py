@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from benchmarks.bad_input import ALGORITHM, FRAGMENT, HONEST, create_run
 from gradientmail.backends import get_backend
 from gradientmail.mailbox import MemoryMailbox
 from gradientmail.polling import RepeatedFailures
@@ -21,6 +20,7 @@ from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT
 from gradientmail.syncer.round_state import STRANGERS_PER_PASS, FragmentRounds, FragmentView, OpenRound, RoundStep
 from gradientmail.syncer.rounds import load_base
 from gradientmail.syncer.spread import ASSIGNMENT_KEPT_TTLS, SpreadLayout
+from testing.mailbox_run import ALGORITHM, FRAGMENT, HONEST, create_run
 
 TTL_S = 3.0
 MAX_STALENESS = ALGORITHM.max_staleness

@@ -1,5 +1,5 @@
 """The S3 store's parallel download path: parts read straight into the result, bodies cut
-short on the wire (through ``benchmarks/fault_proxy.py`` against the real loopback
+short on the wire (through ``testing/fault_proxy.py`` against the real loopback
 SeaweedFS), and the helpers that keep the result buffer safe."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import boto3
 import numpy as np
 import pytest
 
-from benchmarks.fault_proxy import FaultProxy
 from gradientmail.errors import MailboxUnavailable, ObjectTooLarge
 from gradientmail.mailbox import S3Mailbox, S3Tuning
 from gradientmail.mailbox import _s3_transfer as transfer
+from testing.fault_proxy import FaultProxy
 from tests.seaweedfs import S3Server
 
 MiB = 1024 * 1024
@@ -287,9 +287,9 @@ def test_a_wait_interrupted_by_a_signal_still_waits_for_the_tasks(monkeypatch: p
 def test_the_delay_link_passes_s3_through_and_bounds_each_connection(
     make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
 ) -> None:
-    """benchmarks/delay_proxy.py: byte for byte (signed requests, ranges, conditions), and
+    """testing/delay_proxy.py: byte for byte (signed requests, ranges, conditions), and
     one connection carries at most window / rtt."""
-    from benchmarks.delay_proxy import DelayLink
+    from testing.delay_proxy import DelayLink
 
     payload = _random_bytes(5, 2 * MiB)
     with DelayLink.spawn("127.0.0.1", s3_server.port, rtt_ms=20, window_kib=256) as link:

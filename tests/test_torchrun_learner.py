@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.processes import HUNG
 from gradientmail.mailbox import FileMailbox
 from gradientmail.store import RunStore
+from testing.processes import HUNG
 from tests.run_procs import GLOO_EXIT_ABORT, ROOT, check_history, rounds, run_torchrun, wait_until
 
 BATCH, STEPS = 8, 80

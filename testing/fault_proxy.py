@@ -170,7 +170,7 @@ def _error_response(status: int, head_only: bool) -> bytes:
     reason, code = _ERRORS[status]
     body = (
         f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code>'
-        f"<Message>injected by benchmarks.fault_proxy</Message></Error>"
+        f"<Message>injected by testing.fault_proxy</Message></Error>"
     ).encode()
     head = (
         f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nContent-Length: {0 if head_only else len(body)}\r\n"

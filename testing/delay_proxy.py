@@ -17,7 +17,7 @@ and ``n`` connections together carry up to ``n`` times as much: exactly what mak
 request slower than several on a real long link. The proxy is byte-transparent (SigV4
 signatures, ``Host``, ranges and conditional headers pass untouched).
 
-It runs in its own process (``python -m benchmarks.delay_proxy``), so its CPU use does
+It runs in its own process (``python -m testing.delay_proxy``), so its CPU use does
 not take the benchmark's GIL; the first line it prints is its port.
 """
 
@@ -158,10 +158,10 @@ class DelayLink:
     @classmethod
     @contextlib.contextmanager
     def spawn(cls, host: str, port: int, *, rtt_ms: float = 20.0, window_kib: int = 1024) -> Iterator[DelayLink]:
-        from benchmarks.seaweed import die_with_parent
+        from testing.seaweed import die_with_parent
 
         command = [
-            sys.executable, "-m", "benchmarks.delay_proxy", "--upstream", f"{host}:{port}",
+            sys.executable, "-m", "testing.delay_proxy", "--upstream", f"{host}:{port}",
             "--rtt-ms", str(rtt_ms), "--window-kib", str(window_kib),
         ]  # fmt: skip
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
