@@ -12,7 +12,7 @@ an in-process ``SyncerRuntime`` until the round commits. The table shows, per ca
 record says about the hostile input, whether it was accepted, and what it cost the syncer:
 
 * hostile peak: tracemalloc peak while the syncer handles the hostile input alone (``validate``
-  of each hostile contribution, as the syncer calls it; ``RunStore.read_lease`` of a hostile
+  of each hostile contribution, as the syncer calls it; ``RunStore.leases.read`` of a hostile
   lease), divided by the largest legitimate payload. Target: at most 2x; ``= honest`` marks a
   figure over it that is no more than an honest contribution costs (the hostile delta was read
   as one). A reader that fetched the 200 MB blob would show 25x here;
@@ -373,7 +373,7 @@ def plant_garbage_syncer_lease(run: Run) -> str:
 def plant_ghost_syncer_lease(run: Run) -> str:
     """A well-formed syncer lease (signed when the run is) of a holder that never renews it and
     claims a TTL of 10^9 s."""
-    run.store.put_lease(keys.SYNCER_LEASE, Lease(kind="syncer", holder="ghost", term=7, sequence=1, ttl_s=1e9))
+    run.store.leases.put(keys.SYNCER_LEASE, Lease(kind="syncer", holder="ghost", term=7, sequence=1, ttl_s=1e9))
     return keys.SYNCER_LEASE
 
 
@@ -570,7 +570,7 @@ def bench_lease(case: LeaseCase, workdir: Path, model: dict[str, tuple[int, ...]
         if case.id == "garbage_syncer_lease":
             run.honest_round()  # syncer-node holds the lease
         location = case.plant(run)
-        _, figures = measure(lambda: run.store.read_lease(location))
+        _, figures = measure(lambda: run.store.leases.read(location))
         if case.id == "garbage_syncer_lease":
             other = run.new_syncer("other-node")
             other.run_once()

@@ -193,7 +193,7 @@ def _deleted_params_blob(run: Run) -> Planted:
     successor = _takeover(run)
 
     def check(after: Run) -> tuple[bool, str]:
-        intact = after.store.blob_intact(record.params)
+        intact = after.store.blobs.intact(record.params)
         return intact and joined == newest - 1, (
             f"a joiner started from {joined}; the successor {'restored' if intact else 'did NOT restore'} the blob by replay"
         )

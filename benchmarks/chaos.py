@@ -164,7 +164,7 @@ class Monitor(threading.Thread):
             self.poll_rounds()
 
     def poll_lease(self) -> None:
-        lease = _lease(self.store.read_lease(keys.SYNCER_LEASE))
+        lease = _lease(self.store.leases.read(keys.SYNCER_LEASE))
         if lease is None:
             return
         at = self.now()
@@ -275,7 +275,7 @@ class Chaos:
 
 
 def _lease(found: LeaseRead | None) -> Lease | None:
-    """The lease of ``RunStore.read_lease``'s answer (None when absent or unusable)."""
+    """The lease of ``RunStore.leases.read``'s answer (None when absent or unusable)."""
     return found.lease if found is not None else None
 
 
@@ -752,7 +752,7 @@ def kill_one(chaos: Chaos, monitor: Monitor, direct: Mailbox, rng: random.Random
     if not running:
         return
     try:
-        lease = _lease(RunStore(direct).read_lease(keys.SYNCER_LEASE))
+        lease = _lease(RunStore(direct).leases.read(keys.SYNCER_LEASE))
     except GradientMailError:
         lease = None
     if lease is not None and lease.released:

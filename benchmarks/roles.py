@@ -124,7 +124,7 @@ def takeover(workdir: Path, steps: int) -> tuple[float, float]:
         syncer.wait()
         killed = time.monotonic()
         while time.monotonic() - killed < 10 * bound:
-            found = store.read_syncer_lease()
+            found = store.leases.read_syncer()
             if found is not None and found.lease is not None and found.lease.holder != "cpu-sync":
                 return time.monotonic() - killed, bound
             time.sleep(0.02)

@@ -242,14 +242,14 @@ def _check_blobs(store: RunStore, spec: RunSpec, stored: dict[int, StoredRound],
         record = current.record
         try:
             params_of[version] = store.read_params(spec, record)
-            store.read_tensors(record.outer_state)
+            store.blobs.read_tensors(record.outer_state)
             checked += 2
             if record.update is not None:  # INV-16: the compact update rebuilds the committed bytes
                 base = params_of.get(record.base_version) if record.base_version is not None else None
                 if base is not None:
                     store.rebuild_params(spec, record, base)
                 else:
-                    store.read_blob(record.update)
+                    store.blobs.read(record.update)
                 checked += 1
         except GradientMailError as exc:
             report.fail(f"{where} version {version}: referenced blob bad: {exc}")
@@ -284,7 +284,7 @@ def _check_replay(store: RunStore, spec: RunSpec, fragment: int, current: Stored
         return 0
     ours = {name: backend.to_numpy(tensor) for name, tensor in replayed.items()}
     if exact:
-        if payload.encode(ours) != store.read_blob(record.params):
+        if payload.encode(ours) != store.blobs.read(record.params):
             report.fail(f"{where}: replay differs from the committed bytes")
             return 0
     elif not all(_close(ours[name], committed[name]) for name in committed):
@@ -321,7 +321,7 @@ def _audit_names(store: RunStore, fragments: int, report: AuditReport) -> None:
 
 
 def _audit_leases(store: RunStore, report: AuditReport) -> None:
-    for key in [keys.SYNCER_LEASE, *store.learner_lease_keys()]:
-        found = store.read_lease(key)
+    for key in [keys.SYNCER_LEASE, *store.leases.learner_keys()]:
+        found = store.leases.read(key)
         if found is not None and found.lease is None:
             report.warn(f"{key}: unusable lease, nodes treat it as expired ({found.problem})")

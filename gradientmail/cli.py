@@ -81,7 +81,7 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
     print(f"model: {total} parameter tensors")
     if spec.manifest.key_id is not None and store.key is None:
         print(f"signed run (key id {spec.manifest.key_id}); no run key given, so nothing below is verified")
-    found = store.read_lease(keys.SYNCER_LEASE)
+    found = store.leases.read(keys.SYNCER_LEASE)
     if found is None:
         print("syncer: no holder yet")
     elif found.lease is None:
@@ -91,8 +91,8 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
         state = "released" if lease.released else f"renewed {_age(lease)}"
         print(f"syncer: {lease.holder} (term {lease.term}, {state}, run ttl {spec.lease_ttl_s:g}s)")
     print("learners:")
-    for key in store.learner_lease_keys():
-        found = store.read_lease(key)
+    for key in store.leases.learner_keys():
+        found = store.leases.read(key)
         if found is None:
             continue
         if found.lease is None:
@@ -191,7 +191,7 @@ def replay(url: str, fragment: int, version: int | None) -> int:
                 f"a round replays while it is among the run's newest {spec.retention.audit_rounds} (audit_rounds)"
             ) from None
         replayed = payload.encode({n: backend.to_numpy(t) for n, t in arrays.items()})
-        same = replayed == store.read_blob(record.params)
+        same = replayed == store.blobs.read(record.params)
     verdict = "matches the committed bytes" if same else "DIFFERS from the committed bytes"
     print(f"fragment {fragment} version {version}: replay {verdict}")
     return 0 if same else 1

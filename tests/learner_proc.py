@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         run_key=args.run_key,
     ) as session:
         deadline = time.monotonic() + 60
-        while len(RunStore(harness).learner_lease_keys()) < args.wait_for and time.monotonic() < deadline:
+        while len(RunStore(harness).leases.learner_keys()) < args.wait_for and time.monotonic() < deadline:
             time.sleep(0.02)
         joined = dict(session.versions)
         print(json.dumps({"event": "joined", "learner": args.learner_id, "versions": joined}), flush=True)

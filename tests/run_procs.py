@@ -68,7 +68,7 @@ def rounds(mailbox: Mailbox, fragment: int) -> list[RoundRecord]:
 
 
 def syncer_lease(mailbox: Mailbox) -> Lease | None:
-    found = RunStore(mailbox).read_lease(keys.SYNCER_LEASE)
+    found = RunStore(mailbox).leases.read(keys.SYNCER_LEASE)
     return found.lease if found is not None else None
 
 

@@ -113,7 +113,7 @@ def test_a_hostile_contribution_is_rejected_with_its_reason_and_the_run_goes_on(
             assert participant.samples == SAMPLES * 1000 and cap is not None
             assert participant.weight <= cap * cap * participant.steps * (1 + 1e-12)
             replayed = replay_round(run.store, NUMPY, run.spec, FRAGMENT, record.version)
-            assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == run.store.read_blob(record.params)
+            assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == run.store.blobs.read(record.params)
         else:
             assert where not in merged
             assert where in rejected, f"{where} is not in the round record"
@@ -191,7 +191,7 @@ def test_an_unusable_syncer_lease_is_taken_over_at_once_and_commits_go_on(signed
     other.run_once()
     assert other.election.is_leader and other.election.takeovers == 1
     assert run.store.read_round(FRAGMENT, 2).committed_by == "other-node"
-    found = run.store.read_lease(keys.SYNCER_LEASE)
+    found = run.store.leases.read(keys.SYNCER_LEASE)
     assert found is not None and found.lease is not None and found.lease.holder == "other-node"
     clock.now += LEASE_TTL_S / 3  # the old holder renews, and finds its lease gone
     run.syncer.run_once()
@@ -235,7 +235,7 @@ def test_a_hostile_learner_lease_is_not_counted_live_and_commits_go_on(plant, tm
     run = create_run(gm.FileMailbox(tmp_path / "box"))
     run.honest_round()
     location = plant(run)
-    found = run.store.read_lease(location)
+    found = run.store.leases.read(location)
     assert found is not None and found.lease is None and found.problem
     assert all(a is not None and a <= Lease.max_bytes for a in run.box.allowances[location])
     assert_honest_round(run, 2)
@@ -402,7 +402,7 @@ def test_inflated_samples_stay_capped_round_after_round(tmp_path):
         assert len(mallory) == 1 and record.samples_per_step_cap is not None
         assert mallory[0].weight <= record.samples_per_step_cap**2 * mallory[0].steps * (1 + 1e-12)
         replayed = replay_round(run.store, NUMPY, run.spec, FRAGMENT, record.version)
-        assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == run.store.read_blob(record.params)
+        assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == run.store.blobs.read(record.params)
         run.publish_honest()
         run.publish(MALLORY, steps=10, samples=SAMPLES * 1000)
 

@@ -159,13 +159,13 @@ def test_dropped_objects_are_never_parties_and_a_squatted_arrival_key_is_written
     check_released_together(results)
     assert results[0][0].arrived == ("node-0", "node-1")
     store = RunStore(box, key)
-    assert store.read_barrier_arrival("epoch-1", "node-1") is not None
-    assert store.read_barrier_arrival("epoch-1", "forger") is None
+    assert store.barriers.read_arrival("epoch-1", "node-1") is not None
+    assert store.barriers.read_arrival("epoch-1", "forger") is None
 
 
 def test_arrivals_expecting_another_count_are_not_parties() -> None:
     box = gm.MemoryMailbox()
-    RunStore(box).arrive_at_barrier(BarrierArrival(barrier="epoch-1", node="other", parties=5), time.monotonic)
+    RunStore(box).barriers.arrive(BarrierArrival(barrier="epoch-1", node="other", parties=5), time.monotonic)
     with pytest.raises(TimeoutError, match="2 of 2 nodes arrived"):
         gm.Barrier("epoch-1", 2, mailbox=box, node_id="me", poll_interval_s=0.05, settle_s=0.1, margin_s=0.5).wait(timeout_s=0.5)
 

@@ -109,10 +109,10 @@ class Run:
 
     def write_bulletin(self, bulletin: RoundsBulletin) -> None:
         """Overwrite the syncer lease's bulletin (what a lagging or lying holder would write)."""
-        found = self.store.read_syncer_lease()
+        found = self.store.leases.read_syncer()
         assert found is not None and found.lease is not None
         lease = found.lease.model_copy(update={"info": bulletin.to_info(), "sequence": found.lease.sequence + 1})
-        self.store.swap_syncer_lease(lease, found.token)
+        self.store.leases.swap_syncer(lease, found.token)
 
     def known(self) -> int:
         return self.learner.exchange.known_versions[0]

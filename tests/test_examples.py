@@ -81,7 +81,7 @@ def test_torchrun_learner_trains_one_learner_of_two_ranks(tmp_path):
     from gradientmail.mailbox import FileMailbox
     from gradientmail.store import RunStore
 
-    assert RunStore(FileMailbox(tmp_path / "mailbox")).learners_with_leases() == ["a"]
+    assert RunStore(FileMailbox(tmp_path / "mailbox")).leases.learners() == ["a"]
 
 
 @pytest.mark.slow

@@ -170,4 +170,4 @@ def test_every_learner_step_is_accounted_for_with_a_slow_learner(tmp_path):
     for fragment, records in enumerate(history):  # carried work changes nothing for replay (INV-4)
         newest = records[-1]
         replayed = replay_round(store, get_backend("numpy"), store.read_spec(), fragment, newest.version)
-        assert payload.encode(replayed) == store.read_blob(newest.params)
+        assert payload.encode(replayed) == store.blobs.read(newest.params)

@@ -90,25 +90,25 @@ def test_a_lease_named_by_what_it_is_and_by_its_key_is_one_sighting():
 def test_the_store_reads_and_writes_leases_by_what_they_are():
     """The typed lease API of RunStore: the syncer lease and each learner's, no key in sight."""
     store = RunStore(gm.MemoryMailbox())
-    assert store.read_syncer_lease() is None and store.learners_with_leases() == []
+    assert store.leases.read_syncer() is None and store.leases.learners() == []
     syncer = gm.records.Lease(kind="syncer", holder="n1", term=1, sequence=1, ttl_s=5.0)
-    token = store.create_syncer_lease(syncer)
+    token = store.leases.create_syncer(syncer)
     with pytest.raises(gm.RecordExists):
-        store.create_syncer_lease(syncer)
-    found = store.read_syncer_lease()
+        store.leases.create_syncer(syncer)
+    found = store.leases.read_syncer()
     assert found is not None and found.lease == syncer and found.token == token
     renewed = syncer.model_copy(update={"sequence": 2})
-    assert store.swap_syncer_lease(renewed, token) != token
+    assert store.leases.swap_syncer(renewed, token) != token
     with pytest.raises(gm.VersionConflict):
-        store.swap_syncer_lease(renewed, token)
+        store.leases.swap_syncer(renewed, token)
     for learner in ("b", "a"):
-        store.put_learner_lease(gm.records.Lease(kind="learner", holder=learner, sequence=1, ttl_s=5.0))
-    assert store.learners_with_leases() == ["a", "b"]
-    found = store.read_learner_lease("a")
+        store.leases.put_learner(gm.records.Lease(kind="learner", holder=learner, sequence=1, ttl_s=5.0))
+    assert store.leases.learners() == ["a", "b"]
+    found = store.leases.read_learner("a")
     assert found is not None and found.lease is not None and found.lease.holder == "a"
-    assert store.read_learner_lease("c") is None
+    assert store.leases.read_learner("c") is None
     with pytest.raises(ValueError, match="learner lease"):
-        store.put_learner_lease(syncer)
+        store.leases.put_learner(syncer)
 
 
 def test_reported_step_times_are_clamped_before_the_grace_window():
@@ -192,7 +192,7 @@ def test_local_sgd_commit_is_the_weighted_average_and_replays_to_the_same_bytes(
     syncer.run_once()
     record = store.read_round(0, 1)
     assert [(p.learner, p.weight) for p in record.participants] == [(n, weight(*counts[n])) for n in ("l0", "l1", "l2")]
-    committed = store.read_tensors(record.params)
+    committed = store.blobs.read_tensors(record.params)
     weights = [weight(*counts[n]) for n in learners]
     for name in committed:
         expected = sum(w * learners[l][name].astype(np.float64) for l, w in zip(learners, weights)) / sum(weights)
@@ -246,7 +246,7 @@ def test_bad_contributions_are_rejected_with_their_reasons_and_the_run_goes_on(r
         "twice": "duplicate",
         "junk": "malformed",
     }
-    assert all(np.isfinite(v).all() for v in store.read_tensors(record.params).values())
+    assert all(np.isfinite(v).all() for v in store.blobs.read_tensors(record.params).values())
     # the live learner's stale snapshot was listed once and then removed (a stranger's: retention's)
     assert not box.exists(keys.contribution_record(0, 0, "late", 1))
     contribute(store, "ok", 2, good, 5, 40, anchor=committed_params(store, 2))
@@ -271,7 +271,7 @@ def test_max_staleness_merges_late_deltas_with_a_discount_and_replays(tmp_path):
     assert by_learner["late"].staleness == 1 and by_learner["a"].staleness == 0
     assert by_learner["late"].weight == weight(10, 80) / 2 == by_learner["a"].weight / 2
     replayed = replay_round(store, NUMPY, spec, 0, 2)
-    assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.read_blob(record.params)
+    assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.blobs.read(record.params)
     contribute(store, "older", 0, numpy_model(3.0), 10, 80, anchor=numpy_model(1.0))  # two versions late
     contribute(store, "a", 2, numpy_model(2.7), 10, 80)
     syncer.run_once()
@@ -334,7 +334,7 @@ def test_joining_learner_loads_the_committed_weights(run):
     box, store, spec, syncer = run
     contribute(store, "a", 0, numpy_model(3.0), 10, 80)
     syncer.run_once()
-    committed = store.read_tensors(store.read_round(0, 1).params)
+    committed = store.blobs.read_tensors(store.read_round(0, 1).params)
     joiner = numpy_model(-7.0)
     with gm.Session(
         joiner,
@@ -461,7 +461,7 @@ def test_flush_on_close_commits_final_contributions_without_momentum():
     store = RunStore(box)
     record = store.read_round(0, 1)
     assert record.final and record.participants[0].steps == 3
-    committed = store.read_tensors(record.params)
+    committed = store.blobs.read_tensors(record.params)
     # a lone final contribution: Θ − Δ = the learner's own parameters, no 1.33× momentum step
     np.testing.assert_array_equal(committed["mlp.weight"], np.full((3, 2), -0.5, np.float32))
     np.testing.assert_array_equal(model["mlp.weight"], committed["mlp.weight"])
@@ -547,7 +547,7 @@ def test_work_a_commit_did_not_merge_is_carried_into_the_next_contribution():
         record = store.read_round(0, 2)
         assert [(p.learner, p.steps, p.carried_steps) for p in record.participants] == [("me", 17, aligned_at)]
         replayed = replay_round(store, NUMPY, store.read_spec(), 0, 2)
-        assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.read_blob(record.params)
+        assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.blobs.read(record.params)
         session.close(wait=False)
 
 
@@ -624,7 +624,7 @@ def test_names_that_are_no_key_of_the_layout_are_skipped_counted_and_logged_once
     assert [p.learner for p in store.read_round(0, 1).participants] == ["good"]
     with caplog.at_level("WARNING", logger="gradientmail.store.run_store"):  # every listing a name sits in
         assert {c.learner for c in store.contributions(0)} == {"good"} and 1 in store.committed_versions(0)
-        assert "a=b" not in store.learners_with_leases() and 1 in store.version_blobs(0)
+        assert "a=b" not in store.leases.learners() and 1 in store.version_blobs(0)
     assert store.unparsable_keys == len(junk)
     skipped = [r.getMessage() for r in caplog.records if "not a name of the run's key layout" in r.getMessage()]
     assert [sum(repr(name) in message for message in skipped) for name in junk] == [1] * len(junk)  # once each

@@ -64,5 +64,5 @@ def test_in_a_signed_run_a_forged_learner_lease_is_overwritten_not_taken_for_a_t
         for _ in range(50):
             session.step()
             time.sleep(0.02)
-    lease = RunStore(box, gm.RunKey(KEY)).read_learner_lease("gpu-host")
+    lease = RunStore(box, gm.RunKey(KEY)).leases.read_learner("gpu-host")
     assert lease is not None and lease.lease is not None and lease.lease.released  # ours again, released on close

@@ -80,7 +80,7 @@ def test_the_exchange_reads_each_fragments_next_publish_at_the_step_time() -> No
 def test_a_closing_learner_stops_waiting_a_ttl_after_the_syncer_lease_expired() -> None:
     clock = FakeClock()
     store = RunStore(MemoryMailbox())
-    store.create_syncer_lease(Lease(kind="syncer", holder="s", ttl_s=1.0))
+    store.leases.create_syncer(Lease(kind="syncer", holder="s", ttl_s=1.0))
     watch = SyncerWatch(store, 1.0, 0.1, clock)
     assert not watch.gone()
     clock.now = 1.05  # the lease stood still a TTL: expired, and the new syncer gets one more

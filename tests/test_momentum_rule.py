@@ -78,4 +78,4 @@ def test_a_round_of_carried_work_steps_with_the_rules_beta_states_it_and_replays
     expected = v1["mlp.weight"] - 0.7 * (0.25 + beta * m2)
     np.testing.assert_allclose(store.load_version(spec, 0, 2).params["mlp.weight"], expected, rtol=1e-6)
     replayed = replay_round(store, NUMPY, spec, 0, 2)
-    assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.read_blob(second.params)
+    assert payload.encode({n: NUMPY.to_numpy(t) for n, t in replayed.items()}) == store.blobs.read(second.params)

@@ -121,7 +121,7 @@ def test_contributions_and_commits_are_stored_compressed_and_pinned_raw(compress
     assert sorted(p.learner for p in record.participants) == ["l0", "l1"]
     for ref in (record.params, record.outer_state):
         assert ref.encoding == "zstd-shuffle" and len(box.get(ref.key)) == ref.stored_bytes < ref.size_bytes
-    raw = store.read_blob(record.params)
+    raw = store.blobs.read(record.params)
     assert len(raw) == record.params.size_bytes
     assert payload.encode(replay_round(store, NUMPY, spec, 0, 1)) == raw
     assert audit_run(store, spec).failures == []
@@ -134,18 +134,18 @@ def test_a_damaged_or_swapped_compressed_object_is_refused_and_restored_from_rep
     syncer.run_once()
     record = store.read_round(0, 1)
     ref = record.params
-    intact = store.read_blob(ref)
+    intact = store.blobs.read(ref)
     box.put(ref.key, compress(intact[:-4] + b"\x00\x00\x00\x01", 4))  # frames that decode to other bytes
     with pytest.raises(CorruptPayload, match="checksum mismatch"):
-        store.read_blob(ref)
+        store.blobs.read(ref)
     box.put(ref.key, intact)  # the raw bytes where frames belong
     with pytest.raises(CorruptPayload, match=ref.key):
-        store.read_blob(ref)
+        store.blobs.read(ref)
     box.put(ref.key, bytes(stored_bound(ref.size_bytes) + 1))  # more than any frames of it
     with pytest.raises(CorruptPayload, match="the most .* compress to"):
-        store.read_blob(ref)
+        store.blobs.read(ref)
     assert restore_version(store, NUMPY, spec, 0, 1) == [ref.key]
-    assert store.read_blob(ref) == intact
+    assert store.blobs.read(ref) == intact
 
 
 def test_quantized_payloads_are_stored_as_they_are() -> None:

@@ -92,7 +92,7 @@ def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_
     torch.set_rng_state(state)
     torch.manual_seed(123)  # the process moves on: a restart would not have this state
     if where != "directory":
-        record = RunStore(FileMailbox(tmp_path / "box")).read_learner_state("a")
+        record = RunStore(FileMailbox(tmp_path / "box")).states.read("a")
         assert record is not None
         assert record[0].state.encoding == ("zstd-shuffle" if "compressed" in where else None)
     with session() as second:

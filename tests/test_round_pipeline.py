@@ -65,7 +65,7 @@ def _round(run: Run, extra: dict[str, Any] | None = None) -> None:
 def _outcome(run: Run) -> tuple[list[str], list[tuple[str, str]], bytes]:
     stored = run.commit_next()
     record = stored.record
-    blob = run.store.read_blob(record.params)
+    blob = run.store.blobs.read(record.params)
     return (
         [p.contribution for p in record.participants],
         [(r.contribution, r.reason) for r in record.rejected],
@@ -163,11 +163,11 @@ def test_a_hashing_store_hands_the_digest_over_and_a_wrong_one_is_a_corrupt_payl
     ref = PayloadRef(key="blob", sha256=hashlib.sha256(data).hexdigest(), size_bytes=len(data))
     honest = Hashing(inner)
     assert isinstance(honest, HashingGet) and not isinstance(inner, HashingGet)
-    assert RunStore(honest).read_blob(ref) == data
+    assert RunStore(honest).blobs.read(ref) == data
     assert honest.hashed_gets == 1
     with pytest.raises(CorruptPayload, match="checksum mismatch"):
-        RunStore(Hashing(inner, lie="0" * 64)).read_blob(ref)
-    assert RunStore(inner).read_blob(ref) == data  # a store without the capability: hashed here
+        RunStore(Hashing(inner, lie="0" * 64)).blobs.read(ref)
+    assert RunStore(inner).blobs.read(ref) == data  # a store without the capability: hashed here
 
 
 def test_validate_through_a_hashing_store_rejects_a_lying_digest_before_decoding(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -88,7 +88,7 @@ def test_an_error_in_step_closes_the_session_without_waiting_and_propagates(tmp_
     with pytest.raises(ValueError, match="bad batch 7"):
         session.run(step, range(100))
     assert session.stats.steps == 7
-    lease = RunStore(box).read_learner_lease("learner-a")
+    lease = RunStore(box).leases.read_learner("learner-a")
     assert lease is not None and lease.lease is not None and lease.lease.released  # it left the run
 
 

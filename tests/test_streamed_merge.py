@@ -137,7 +137,7 @@ def _three_learner_round(store: RunStore, spec) -> tuple[dict, dict[str, np.ndar
         contribute(store, learner, 0, params, steps, samples)
     syncer_on(store, spec, "syncer-node").run_once()
     record = store.read_round(0, 1)
-    return counts, store.read_tensors(record.params)
+    return counts, store.blobs.read_tensors(record.params)
 
 
 def _expected(store: RunStore, spec, arithmetic: str) -> bytes:
@@ -235,5 +235,5 @@ def test_the_live_syncer_sums_contributions_as_it_accepts_them_and_takes_that_su
     record = store.read_round(0, 1)
     assert len(record.participants) == 3
     assert backend.combined_at_once == 0 and backend.accumulated == 2 * len(numpy_model())
-    committed = store.read_tensors(record.params)
+    committed = store.blobs.read_tensors(record.params)
     assert payload.encode(replay_round(store, NUMPY, spec, 0, 1)) == payload.encode(committed)

@@ -46,7 +46,7 @@ def test_two_learners_of_two_ranks_each_are_two_learners_to_the_run(tmp_path):
     groups = {name: torchrun(url, name, tmp_path / name, tmp_path / f"{name}.log") for name in ("g0", "g1")}
     for name, process in groups.items():
         assert process.wait(timeout=300) == 0, (tmp_path / f"{name}.log").read_text()[-4000:]
-    assert RunStore(box).learners_with_leases() == ["g0", "g1"]  # one lease per group, none per rank
+    assert RunStore(box).leases.learners() == ["g0", "g1"]  # one lease per group, none per rank
     history = check_history(box, fragments=1)
     committed = history[0][1:]
     assert committed
@@ -85,7 +85,7 @@ def test_a_group_killed_with_sigkill_and_restarted_rejoins_the_run(tmp_path, fsd
         for process in (steady, victim):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
-    assert RunStore(box).learners_with_leases() == ["g0", "g1"]
+    assert RunStore(box).leases.learners() == ["g0", "g1"]
     history = check_history(box, fragments=1)
     check_one_contribution_per_group(history[0][1:])
     for name in ("g0", "g1b"):
@@ -146,7 +146,7 @@ def test_gradientmail_node_under_torchrun_is_one_learner_with_one_metrics_endpoi
     ]
     done = run_torchrun(command, cwd=ROOT, env=env, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert RunStore(FileMailbox(tmp_path / "box")).learners_with_leases() == ["pod-0"]
+    assert RunStore(FileMailbox(tmp_path / "box")).leases.learners() == ["pod-0"]
     assert (done.stdout + done.stderr).count("metrics on http://") == 1
 
 

@@ -64,7 +64,7 @@ def test_a_restarted_learner_takes_back_its_own_unit_and_a_unit_is_done_once(tmp
     restarted = queue_of(store, "a", clock)
     assert restarted.claim_next() == 0  # rule 1: its own unfinished unit first
     restarted.finish(0)
-    assert not store.create_queue_done(QueueDone(queue="shards", unit=0, holder="a", generation=1))
+    assert not store.queues.create_done(QueueDone(queue="shards", unit=0, holder="a", generation=1))
     assert restarted.completed == [0]
 
 
@@ -120,7 +120,7 @@ def test_every_unit_is_trained_to_its_end_exactly_once_across_kill_9_and_restart
     procs["n1"] = start(url, "n1", tmp_path, 1)
     for process, log in procs.values():
         assert process.wait(timeout=240) == 0, log.read_text()[-3000:]
-    claimed, done = store.queue_units("shards")
+    claimed, done = store.queues.units("shards")
     assert done == set(range(24)) and claimed == set(range(24))  # one done record each (create-once)
     logs = sorted(tmp_path.glob("n*-*.log"))
     started = [e["unit"] for log in logs for e in lines(log) if e["event"] == "unit"]

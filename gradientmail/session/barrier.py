@@ -138,7 +138,7 @@ class Barrier:
         started = self._clock()
         deadline = None if timeout_s is None else started + timeout_s
         arrival = BarrierArrival(barrier=self.name, node=self.node_id, parties=self.parties)
-        self._add(self._store.arrive_at_barrier(arrival, self._clock))
+        self._add(self._store.barriers.arrive(arrival, self._clock))
         while True:
             listed_at = self._clock()
             opened_at = self._opening()
@@ -171,12 +171,12 @@ class Barrier:
     def _opening(self) -> float | None:
         """The store time the barrier opened at, from a fresh listing and the arrivals read so far;
         None while fewer than ``parties`` valid arrivals are known."""
-        self._listed = self._store.barrier_nodes(self.name)
+        self._listed = self._store.barriers.nodes(self.name)
         new = sorted(self._listed - self._stamps.keys())
         if len(self._stamps) + len(new) < self.parties:
             return None
         for node in new[:READS_PER_POLL]:
-            found = self._store.read_barrier_arrival(self.name, node)
+            found = self._store.barriers.read_arrival(self.name, node)
             if found is None:
                 self._warn(node, "not a valid arrival (garbage, unsigned or another key's): not counted")
                 continue
@@ -209,7 +209,7 @@ class Barrier:
                 if probe_at > now:
                     self._sleep(probe_at - now)
                 self.probes += 1
-                self._add(self._store.probe_store_clock(self.name, self.node_id, self._clock))
+                self._add(self._store.barriers.probe_clock(self.name, self.node_id, self._clock))
                 return
         if until > now:
             self._sleep(min(until - now, self._poll_interval_s))

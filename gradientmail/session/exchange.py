@@ -294,7 +294,7 @@ class Exchange:
         return self.looking.followed(now, bulletin, read_at, seen, own=own is not None)
 
     def _read_bulletin(self) -> RoundsBulletin | None:
-        found = self._store.read_syncer_lease(need_token=False)
+        found = self._store.leases.read_syncer(need_token=False)
         return RoundsBulletin.from_lease(found.lease if found is not None else None, len(self._fragments))
 
     def _watch_rounds(self, seen: list[FragmentSeen]) -> None:

@@ -118,13 +118,13 @@ class WorkQueue:
 
     def _next(self) -> int | None:
         while True:
-            claimed, done = self._store.queue_units(self.name)
+            claimed, done = self._store.queues.units(self.name)
             if len(done) >= self.units:
                 return None
             open_units = sorted(claimed - done)
             others: list[tuple[int, QueueClaim | None, str]] = []
             for unit in open_units:
-                found = self._store.read_queue_claim(self.name, unit)
+                found = self._store.queues.read_claim(self.name, unit)
                 if found is None:
                     continue
                 claim, token = found
@@ -148,7 +148,7 @@ class WorkQueue:
         """Mark ``unit`` trained to its end (create-once: the first learner to finish it wins)."""
         generation, _ = self._held.pop(unit, (1, ""))
         self._marks.pop(unit, None)
-        if self._store.create_queue_done(QueueDone(queue=self.name, unit=unit, holder=self._learner, generation=generation)):
+        if self._store.queues.create_done(QueueDone(queue=self.name, unit=unit, holder=self._learner, generation=generation)):
             self.completed.append(unit)
         else:
             log.info("%s finished unit %d of queue %s, which another learner had finished first", self._learner, unit, self.name)
@@ -157,7 +157,7 @@ class WorkQueue:
         self._marks.pop(unit, None)
         claim = QueueClaim(queue=self.name, unit=unit, holder=self._learner, units=self.units)
         try:
-            token = self._store.create_queue_claim(claim)
+            token = self._store.queues.create_claim(claim)
         except RecordExists:
             return None
         self._held[unit] = (claim.generation, token)
@@ -167,7 +167,7 @@ class WorkQueue:
         generation = (claim.generation if claim is not None else 0) + 1
         replacement = QueueClaim(queue=self.name, unit=unit, holder=self._learner, units=self.units, generation=generation)
         try:
-            token = self._store.swap_queue_claim(replacement, token)
+            token = self._store.queues.swap_claim(replacement, token)
         except VersionConflict:
             return None
         self._held[unit] = (generation, token)
@@ -184,7 +184,7 @@ class WorkQueue:
 
     def _holder_gone(self, holder: str) -> bool:
         """Whether ``holder``'s learner lease is absent, released or has stood still for a TTL."""
-        found = self._store.read_learner_lease(holder, need_token=False)
+        found = self._store.leases.read_learner(holder, need_token=False)
         if found is None:
             return True
         if found.lease is None:

@@ -104,11 +104,11 @@ class StateInMailbox:
         self.where = f"the mailbox ({keys.learner_state_record(learner_id)})"
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
-        self._store.save_learner_state(self._learner, run_id, total_steps, data, compress=self._compress())
+        self._store.states.save(self._learner, run_id, total_steps, data, compress=self._compress())
 
     def read(self) -> bytes | None:
         try:
-            found = self._store.read_learner_state(self._learner)
+            found = self._store.states.read(self._learner)
         except (InvalidRecord, CorruptPayload, KeyNotFound) as exc:
             log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
             return None

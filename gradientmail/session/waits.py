@@ -47,7 +47,7 @@ class SyncerWatch:
         if now - self._checked_at >= self._poll_interval_s:
             self._checked_at = now
             try:
-                found = self._store.read_syncer_lease()
+                found = self._store.leases.read_syncer()
             except GradientMailError:
                 return False  # the store hiccuped: no evidence either way
             dead = found is None or self._observer.expired(LeaseName.SYNCER, found)

@@ -36,7 +36,8 @@ from typing import ClassVar
 
 from gradientmail.errors import DuplicateLearner, GradientMailError, KeyNotFound, VersionConflict
 from gradientmail.records import Lease, check_learner_id, keys
-from gradientmail.store.run_store import LeaseRead, RunStore
+from gradientmail.store.lease_records import LeaseRead
+from gradientmail.store.run_store import RunStore
 from gradientmail.store.store_clock import StoreClock
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,7 @@ def sample_lease_write(store: RunStore, store_clock: StoreClock, name: LeaseName
     if not store_clock.sample_due(CLOCK_TARGET_S, CLOCK_RESAMPLE_WRITES):
         return
     try:
-        sample = store.lease_write_sample(name.key, token, sent, returned)
+        sample = store.leases.write_sample(name.key, token, sent, returned)
     except GradientMailError as exc:
         log.debug("no clock sample from the write of %s: %s", name.key, exc)
         return
@@ -260,10 +261,10 @@ def live_learners(
     live: dict[str, Lease] = {}
     if own is not None and not own.released:
         live[own.holder] = own
-    for learner in store.learners_with_leases():
+    for learner in store.leases.learners():
         if own is not None and learner == own.holder:
             continue
-        found = store.read_learner_lease(learner, need_token=False)
+        found = store.leases.read_learner(learner, need_token=False)
         if found is None or found.lease is None:
             continue
         lease = found.lease
@@ -344,17 +345,17 @@ class LearnerLease:
 
     def _put(self, lease: Lease) -> None:
         if self._token is None:
-            self._token = self._store.put_learner_lease(lease)
+            self._token = self._store.leases.put_learner(lease)
             return
         try:
-            self._token = self._store.swap_learner_lease(lease, self._token)
+            self._token = self._store.leases.swap_learner(lease, self._token)
         except KeyNotFound:  # deleted under us (retention never does): write it again
-            self._token = self._store.put_learner_lease(lease)
+            self._token = self._store.leases.put_learner(lease)
         except VersionConflict:
-            found = self._store.read_learner_lease(self._learner, need_token=False)
+            found = self._store.leases.read_learner(self._learner, need_token=False)
             there = found.lease if found is not None else None
             if there is not None and there.kind == "learner" and there.holder == self._learner:
                 raise DuplicateLearner(self._learner) from None  # a valid lease of our id that we did not write
             # garbage, another holder's, or (signed run) one that does not verify: not a twin
             log.warning("the lease of learner %s was overwritten by something no learner writes; writing it again", self._learner)
-            self._token = self._store.put_learner_lease(lease)
+            self._token = self._store.leases.put_learner(lease)

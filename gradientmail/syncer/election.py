@@ -128,7 +128,7 @@ class Election:
             if probe or age >= self.ttl_s / 3 or (self._announced and (age >= self._announce_gap_s or self._urgent)):
                 self._renew()
             return self.is_leader
-        found = self._store.read_syncer_lease()
+        found = self._store.leases.read_syncer()
         if self._on_read is not None:
             self._on_read(found)
         if found is None:
@@ -179,7 +179,7 @@ class Election:
             return
         lease = self._lease(self.term, self._clock(), released=True)
         with contextlib.suppress(VersionConflict, KeyNotFound):  # deposed already: nothing to release
-            self._store.swap_syncer_lease(lease, self._token)
+            self._store.leases.swap_syncer(lease, self._token)
         self._token = None
 
     def _lease(self, term: int, sent: float, released: bool = False) -> Lease:
@@ -197,7 +197,7 @@ class Election:
     def _create(self) -> None:
         sent = self._clock()
         try:
-            self._token = self._store.create_syncer_lease(self._lease(1, sent))
+            self._token = self._store.leases.create_syncer(self._lease(1, sent))
         except RecordExists:
             return
         self._won(1, sent, takeover=False)
@@ -205,7 +205,7 @@ class Election:
     def _swap(self, expected: str, term: int, *, takeover: bool) -> None:
         sent = self._clock()
         try:
-            self._token = self._store.swap_syncer_lease(self._lease(term, sent), expected)
+            self._token = self._store.leases.swap_syncer(self._lease(term, sent), expected)
         except (VersionConflict, KeyNotFound):
             return
         self._won(term, sent, takeover=takeover)
@@ -215,7 +215,7 @@ class Election:
             return
         sent = self._clock()
         try:
-            self._token = self._store.swap_syncer_lease(self._lease(self.term, sent), self._token)
+            self._token = self._store.leases.swap_syncer(self._lease(self.term, sent), self._token)
         except (VersionConflict, KeyNotFound):
             log.warning("node %s lost the syncer lease (term %d)", self.node_id, self.term)
             self._token = None

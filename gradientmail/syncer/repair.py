@@ -30,7 +30,7 @@ def restore_version(store: RunStore, backend: Backend, spec: RunSpec, fragment: 
     when it cannot (version 0, its inputs collected by retention, a replay on another backend
     that does not reproduce the committed bytes)."""
     record = store.read_round(fragment, version)
-    damaged = [ref for ref in (record.params, record.outer_state) if not store.blob_intact(ref)]
+    damaged = [ref for ref in (record.params, record.outer_state) if not store.blobs.intact(ref)]
     if not damaged:
         return []
     try:
@@ -43,7 +43,7 @@ def restore_version(store: RunStore, backend: Backend, spec: RunSpec, fragment: 
     recomputed = {record.params.key: draft.params, record.outer_state.key: draft.state.to_tensors()}
     for ref in damaged:
         data = payload.encode({name: backend.to_numpy(tensor) for name, tensor in recomputed[ref.key].items()})
-        store.restore_blob(ref, data)
+        store.blobs.restore(ref, data)
     return [ref.key for ref in damaged]
 
 
