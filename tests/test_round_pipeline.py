@@ -203,7 +203,7 @@ def test_a_failed_blob_write_fails_the_commit_and_leaves_no_record(part: str) ->
     store = RunStore(box)
     params = run.params(0)
     with pytest.raises(MailboxError):
-        store.commit_version(VersionDraft(FRAGMENT, 1, params, {}, run.spec.algorithm), committed_by="node", term=1)
+        store.commit_version(VersionDraft.of(run.spec.algorithm, FRAGMENT, 1, params, {}), committed_by="node", term=1)
     assert len(box.puts) == (1 if part == "params-" else 2)  # the state after the parameters, never alongside
     assert not box.inner.exists(keys.round_record(FRAGMENT, 1))
 
@@ -212,7 +212,9 @@ def test_committed_blobs_carry_the_digests_of_their_bytes() -> None:
     run = create_run(MemoryMailbox())
     params = run.params(0)
     state = {f"momentum/{name}": np.ones_like(array) for name, array in params.items()}
-    stored = run.store.commit_version(VersionDraft(FRAGMENT, 1, params, state, run.spec.algorithm), committed_by="node", term=1)
+    stored = run.store.commit_version(
+        VersionDraft.of(run.spec.algorithm, FRAGMENT, 1, params, state), committed_by="node", term=1
+    )
     assert stored is not None
     for ref in (stored.record.params, stored.record.outer_state):
         data = run.store.mailbox.get(ref.key)

@@ -5,6 +5,7 @@ from gradientmail.records.ids import check_learner_id, default_learner_id
 from gradientmail.records.models import (
     REJECTION_REASONS,
     SCHEMA_VERSION,
+    STORE_ADDED_FIELDS,
     BarrierArrival,
     Contribution,
     Head,
@@ -21,6 +22,7 @@ from gradientmail.records.models import (
     Record,
     Rejection,
     RejectionReason,
+    RoundContent,
     RoundRecord,
     RoundTiming,
 )
@@ -33,7 +35,9 @@ __all__ = [
     "ParameterSpec",
     "Contribution",
     "PayloadRef",
+    "RoundContent",
     "RoundRecord",
+    "STORE_ADDED_FIELDS",
     "Participant",
     "Rejection",
     "RejectionReason",

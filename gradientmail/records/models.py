@@ -318,6 +318,35 @@ class RoundTiming(BaseModel):
     """Seconds between the first and the last accepted contribution's arrival (syncer clock)."""
 
 
+STORE_ADDED_FIELDS = frozenset({"rejections_omitted", "params", "outer_state", "committed_by", "term", "created_at", "update"})
+"""The round record's fields the store fills in when it commits a :class:`RoundContent`: the
+blob references, who committed it in which term, when, and the count of the rejections past
+those listed (besides every record's ``schema_version`` and ``mac``)."""
+
+
+class RoundContent(BaseModel):
+    """A round record less what the store adds when it commits it (``STORE_ADDED_FIELDS``): what
+    the writer of a version decides. Each field is the :class:`RoundRecord` field of its name (a
+    test holds the two to the same names, types and defaults), so a new field of the record is
+    declared there and here, and written by the writer alone."""
+
+    model_config = _STRICT
+    fragment: int = Field(ge=0)
+    version: int = Field(ge=0)
+    base_version: int | None = Field(default=None, ge=0)
+    participants: tuple[Participant, ...] = ()
+    rejected: tuple[Rejection, ...] = ()
+    """Every rejection of the round: the store lists the first ``MAX_LISTED_REJECTIONS`` and counts the rest."""
+    merge: dict[str, Any]
+    outer_lr: float
+    outer_momentum: float
+    final: bool = False
+    timing: RoundTiming = Field(default_factory=RoundTiming)
+    previous: Hex256 | None = None
+    backend: str | None = Field(default=None, max_length=32)
+    samples_per_step_cap: float | None = Field(default=None, gt=0)
+
+
 class RoundRecord(Record):
     """Commits version ``version`` of a fragment. Created once; its existence *is* the commit."""
 
@@ -358,6 +387,27 @@ class RoundRecord(Record):
     update: PayloadRef | None = None
     """With ``update_quantization``: the quantized change from ``base_version``'s parameters;
     those parameters plus the dequantized change are exactly ``params`` (docs/protocol.md)."""
+
+    @classmethod
+    def committed(
+        cls,
+        content: RoundContent,
+        *,
+        params: PayloadRef,
+        outer_state: PayloadRef,
+        update: PayloadRef | None,
+        committed_by: str,
+        term: int,
+    ) -> RoundRecord:
+        """The record that commits ``content``: with the store's fields, its rejections bounded
+        (``bound_rejections``)."""
+        rejected, omitted = bound_rejections(content.rejected)
+        fields: dict[str, Any] = dict(content)
+        fields.update(
+            rejected=rejected, rejections_omitted=omitted, params=params, outer_state=outer_state, update=update,
+            committed_by=committed_by, term=term,
+        )  # fmt: skip
+        return cls(**fields)
 
 
 class Head(Record):

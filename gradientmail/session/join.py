@@ -162,12 +162,12 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
         if store.newest_version(fragment) is None:
             params = backend.read_parameters(model, names)
             state = OuterState.zeros(backend, params).to_tensors()
-            initial = VersionDraft(
+            initial = VersionDraft.of(
+                algorithm,
                 fragment,
                 0,
                 {n: backend.to_numpy(t) for n, t in params.items()},
                 {n: backend.to_numpy(t) for n, t in state.items()},
-                algorithm=algorithm,
             )
             store.commit_version(initial, committed_by=learner_id, term=0)
     return spec, created

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -40,17 +40,14 @@ from gradientmail.records import (
     Contribution,
     Head,
     Manifest,
-    Participant,
     PayloadRef,
     Realignment,
     Record,
-    Rejection,
+    RoundContent,
     RoundRecord,
-    RoundTiming,
     keys,
 )
 from gradientmail.records.auth import RunKey
-from gradientmail.records.models import bound_rejections
 from gradientmail.store.barrier_records import BarrierRecords
 from gradientmail.store.blobs import Arrays, Blobs, check_tensors, sha256_hex, typesize
 from gradientmail.store.cas import CasRecords
@@ -119,32 +116,41 @@ class ContributionCounts:
 
 @dataclass(frozen=True)
 class VersionDraft:
-    """A version to commit, as the writer computed it: what its round record will say, less
-    what the store adds (blob references, the writer and its term). The syncer builds one per
-    round; a joining learner builds version 0 (no base, no participants)."""
+    """A version to commit, as its writer computed it: the round record less what the store adds
+    (``records.RoundContent``) and the tensors its blobs hold. The syncer builds one per round; a
+    joining learner builds version 0 (no base, no participants)."""
 
-    fragment: int
-    version: int
+    content: RoundContent
     params: Mapping[str, np.ndarray]
     outer_state: Mapping[str, np.ndarray]
-    algorithm: DiLoCo
-    """The run's algorithm: the record restates its merge and outer step (what replay checks)."""
-    base_version: int | None = None
-    """The version merged onto; None only for version 0."""
-    participants: tuple[Participant, ...] = ()
-    rejected: tuple[Rejection, ...] = ()
-    final: bool = False
-    timing: RoundTiming | None = None
-    previous: str | None = None
-    """sha256 of version − 1's stored record (the hash chain, INV-11)."""
-    samples_per_step_cap: float | None = None
-    backend: str | None = None
-    """The backend that computed the round (audit replays on it for exact bytes)."""
+    compress: bool = False
+    """Store the blobs zstd-compressed (the run's ``payload_compression``)."""
     update: tuple[UpdateCodec, Mapping[str, UpdateParts]] | None = None
     """The compact form of ``params`` − version ``base_version``'s parameters, written as a
     third blob and referenced as the record's ``update``."""
-    outer_momentum: float | None = None
-    """β the round's outer step used (``DiLoCo.momentum_rule``); None: ``algorithm.outer_momentum``."""
+
+    @classmethod
+    def of(
+        cls,
+        algorithm: DiLoCo,
+        fragment: int,
+        version: int,
+        params: Mapping[str, np.ndarray],
+        outer_state: Mapping[str, np.ndarray],
+        *,
+        outer_momentum: float | None = None,
+        update: tuple[UpdateCodec, Mapping[str, UpdateParts]] | None = None,
+        **content: Any,
+    ) -> VersionDraft:
+        """A draft of a run of ``algorithm``: the record restates its merge and outer step (what
+        replay checks), with β ``outer_momentum`` when the round's rule scaled it; ``content``:
+        the rest of ``RoundContent``'s fields."""
+        momentum = algorithm.outer_momentum if outer_momentum is None else outer_momentum
+        head = RoundContent(
+            fragment=fragment, version=version, merge=algorithm.merge.to_manifest(), outer_lr=algorithm.outer_lr,
+            outer_momentum=momentum, **content,
+        )  # fmt: skip
+        return cls(head, params, outer_state, compress=algorithm.payload_compression == "zstd", update=update)
 
 
 class RunStore:
@@ -365,45 +371,27 @@ class RunStore:
         the blobs it wrote (two, or three with an update) and returns None.
         Returns the stored record, or None if another writer committed this version first.
         """
-        fragment, version = draft.fragment, draft.version
+        fragment, version = draft.content.fragment, draft.content.version
         attempt = uuid.uuid4().hex[:12]
         # Each blob is hashed while it uploads (issue 13); one after the other, so no more than
         # one encoded blob is held at a time (writing both at once measured no faster on loopback).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-sha256") as hashing:
-            compress = draft.algorithm.payload_compression == "zstd"
             params_ref = self.blobs.write_tensors(
-                keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing, compress=compress
+                keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing, compress=draft.compress
             )
             state_ref = self.blobs.write_tensors(
-                keys.outer_state_blob(fragment, version, committed_by, attempt), draft.outer_state, hashing, compress=compress
+                keys.outer_state_blob(fragment, version, committed_by, attempt),
+                draft.outer_state,
+                hashing,
+                compress=draft.compress,
             )
             update_ref = None
             if draft.update is not None:
                 codec, parts = draft.update
                 update_key = keys.update_blob(fragment, version, committed_by, attempt)
                 update_ref = self.blobs.put(update_key, encode_update(parts, codec), hashing)
-        algorithm = draft.algorithm
-        rejected, omitted = bound_rejections(draft.rejected)
-        record = RoundRecord(
-            fragment=fragment,
-            version=version,
-            base_version=draft.base_version,
-            participants=draft.participants,
-            rejected=rejected,
-            rejections_omitted=omitted,
-            merge=algorithm.merge.to_manifest(),
-            outer_lr=algorithm.outer_lr,
-            outer_momentum=algorithm.outer_momentum if draft.outer_momentum is None else draft.outer_momentum,
-            final=draft.final,
-            params=params_ref,
-            outer_state=state_ref,
-            committed_by=committed_by,
-            term=term,
-            timing=draft.timing or RoundTiming(),
-            previous=draft.previous,
-            samples_per_step_cap=draft.samples_per_step_cap,
-            backend=draft.backend,
-            update=update_ref,
+        record = RoundRecord.committed(
+            draft.content, params=params_ref, outer_state=state_ref, update=update_ref, committed_by=committed_by, term=term
         )
         location = keys.round_record(fragment, version)
         data = self._io.encode(location, record)

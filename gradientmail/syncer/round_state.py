@@ -129,12 +129,14 @@ class FragmentView:
         """The next version as the store commits it: ``draft`` with the open round's rejections,
         its ``timing``, and this record's digest as ``previous``."""
         codec = algorithm.update_codec
-        return VersionDraft(
+        return VersionDraft.of(
+            algorithm,
             self.record.fragment,
             self.version + 1,
             {name: backend.to_numpy(tensor) for name, tensor in draft.params.items()},
             {name: backend.to_numpy(tensor) for name, tensor in draft.state.to_tensors().items()},
-            algorithm,
+            outer_momentum=draft.momentum,
+            update=(codec, draft.update) if codec is not None and draft.update is not None else None,
             base_version=self.version,
             participants=draft.participant_records(),
             rejected=tuple(self.round.rejected),
@@ -143,8 +145,6 @@ class FragmentView:
             previous=self.record_sha256 or None,
             samples_per_step_cap=draft.samples_per_step_cap,
             backend=backend.name,
-            update=(codec, draft.update) if codec is not None and draft.update is not None else None,
-            outer_momentum=draft.momentum,
         )
 
 
