@@ -1,5 +1,5 @@
 """The quantization benchmark runs and reports every format, and the sparse codec, against the copy rate
-(figures: docs/benchmarks.md)."""
+(figures: docs/benchmarks-log.md)."""
 
 from __future__ import annotations
 

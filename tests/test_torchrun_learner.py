@@ -154,7 +154,7 @@ def test_gradientmail_node_under_torchrun_is_one_learner_with_one_metrics_endpoi
 def test_the_torchrun_quality_benchmark_runs_every_arm():
     """`python -m benchmarks.torchrun_quality` at a smoke size: every arm (single, DDP groups,
     FSDP2 groups) trains and reports a held-out loss (the comparison itself is the benchmark's,
-    docs/benchmarks.md). An arm takes about 20 s here; one that outlives 180 s is stopped with
+    docs/benchmarks-log.md). An arm takes about 20 s here; one that outlives 180 s is stopped with
     every process's stacks. One such hang (once in CI, never in 42 loaded arms here) is
     reported as a warning with those stacks and the run tried once more; a second fails."""
     command = [sys.executable, "-m", "benchmarks.torchrun_quality", "--steps", "8", "--sync-every", "4", "--repeats", "1"]

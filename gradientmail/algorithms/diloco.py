@@ -108,7 +108,7 @@ class DiLoCo(FrozenConfig):
     about 1/N of the syncer's bytes."""
     momentum_rule: MomentumRule = "damped"
     """β of each round (docs/algorithms.md, "Momentum on carried work"): ``damped`` (the default,
-    chosen on the torchft side-by-side and the regime matrix, docs/benchmarks.md) —
+    chosen on the torchft side-by-side and the regime matrix, docs/benchmarks-log.md) —
     ``outer_momentum`` × the share of the merged work trained on the round's base, so work
     carried across an alignment is not pushed by momentum it never saw; ``fixed`` —
     ``outer_momentum`` every round (the guide). The same wherever no work is carried."""
@@ -182,7 +182,7 @@ class DiLoCo(FrozenConfig):
     zstd level 1 over bytes shuffled by element size (``backends/lossless.py``); a quantized or
     sparse payload, already compact, is stored as is. The records pin the raw bytes, so replay
     and repair do not depend on the compressor. It saves 7–13 % of fp32 bytes and 22–29 % of
-    bf16 and pays on links slower than about 50–100 MB/s on two cores (docs/benchmarks.md,
+    bf16 and pays on links slower than about 50–100 MB/s on two cores (docs/benchmarks-log.md,
     "Lossless compression"). Needs the ``compression`` extra (numcodecs)."""
     error_feedback: bool = True
     """With ``delta_quantization`` or ``delta_sparsity``: what a merged contribution's codes
@@ -196,7 +196,7 @@ class DiLoCo(FrozenConfig):
     """Upper bound on one grace window, in seconds."""
     grace_rule: GraceRule = "live"
     """How the syncer sizes a round's wait after quorum (docs/protocol.md, "Quorum and grace"):
-    ``live`` (the default, chosen on the regime matrix, docs/benchmarks.md) — until every live
+    ``live`` (the default, chosen on the regime matrix, docs/benchmarks-log.md) — until every live
     learner is in, up to ``grace_periods`` round periods; ``slack`` — the learners' slack in
     step time (the formula above, Decoupled DiLoCo's);
     ``arrivals`` — at least how late learners' contributions arrived after quorum in recent

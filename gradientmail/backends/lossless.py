@@ -1,7 +1,7 @@
 """Lossless compression of a blob on the wire: zstd with byte shuffle, in Blosc frames.
 
 The guide's own system compresses payloads with byte-shuffled zstd; measured here
-(docs/benchmarks.md, "Lossless compression"), it saves 7–13 % of fp32 bytes and 22–29 % of bf16
+(docs/benchmarks-log.md, "Lossless compression"), it saves 7–13 % of fp32 bytes and 22–29 % of bf16
 at level 1, and pays on links slower than about 50 MB/s (fp32) to 100 MB/s (bf16) on two cores.
 It is a transport encoding (``PayloadRef.encoding``): the record's sha256 and size are those of
 the raw blob, so replay and repair compare raw bytes whatever the compressor's version wrote.
@@ -30,7 +30,7 @@ FRAME_BYTES = 1 << 28
 """Raw bytes per Blosc frame (256 MiB): well under Blosc's 2 GB buffer limit, and one frame's
 output is all a reader holds besides the blob."""
 LEVEL = 1
-"""zstd level 1: level 3 saved 3–4 points more at half the speed (docs/benchmarks.md)."""
+"""zstd level 1: level 3 saved 3–4 points more at half the speed (docs/benchmarks-log.md)."""
 _HEADER = struct.Struct("<BBBBIII")
 """Blosc 1 frame header: version, codec version, flags, typesize, raw bytes, block size, frame bytes."""
 _OVERHEAD = 16

@@ -74,7 +74,7 @@ def encode(arrays: Mapping[str, np.ndarray], metadata: Mapping[str, str] | None 
     """Serialize named arrays (little-endian, C order) with string metadata: the bytes
     ``safetensors.serialize`` writes, built with one copy of the data (``bytes.join`` over
     :func:`encode_pieces`; ``serialize`` copies twice, into its buffer and then into Python
-    ``bytes``: 0.38 s against 0.17 s for 256 MB, docs/benchmarks.md)."""
+    ``bytes``: 0.38 s against 0.17 s for 256 MB, docs/benchmarks-log.md)."""
     pieces = encode_pieces(arrays, metadata)
     return pieces[0] if len(pieces) == 1 and isinstance(pieces[0], bytes) else b"".join(pieces)
 

@@ -148,7 +148,7 @@ class PartBody:
     file-like object, which botocore sizes with ``len`` and rewinds with ``seek(0)`` for a retry,
     and whose ``read`` returns views the socket sends as they are. Measured against a ``bytes``
     slice per part (one copy): 256 MB in 8 MB parts took 0.34 client CPU-s against 0.42
-    (docs/benchmarks.md, "One syncer round")."""
+    (docs/benchmarks-log.md, "One syncer round")."""
 
     def __init__(self, part: Gathered) -> None:
         self._part = part

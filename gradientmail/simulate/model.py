@@ -145,7 +145,7 @@ class Model:
     """USD per GB read out of the store's region: 0 in region, 0.02 between AWS regions, 0.09 to
     the internet (AWS list prices, 2026). Counted on every byte a node reads (contributions, commits)."""
 
-    # --- S3 requests (measured on GradientMail, docs/benchmarks.md) ---
+    # --- S3 requests (measured on GradientMail, docs/benchmarks-log.md) ---
     idle_requests_per_node_s: float = 2.1
     """Idle reads per node per second (measured 1.7–2.6: LIST/HEAD/GET at TTL/3 cadence)."""
     idle_list_share: float = 0.35
