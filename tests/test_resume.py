@@ -4,7 +4,9 @@ optimizer's moments, the schedule and the random generators it saved."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import struct
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ import gradientmail as gm
 from gradientmail.mailbox import FileMailbox
 from gradientmail.records import keys
 from gradientmail.session.resume import LearnerState, StateFile, StateInMailbox
-from gradientmail.store import RunStore
+from gradientmail.store import RunStore, max_state_bytes
 from tests.resume_proc import moments_digest
 from tests.run_procs import ROOT, wait_until
 
@@ -92,7 +94,7 @@ def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_
     torch.set_rng_state(state)
     torch.manual_seed(123)  # the process moves on: a restart would not have this state
     if where != "directory":
-        record = RunStore(FileMailbox(tmp_path / "box")).states.read("a")
+        record = RunStore(FileMailbox(tmp_path / "box")).states.read("a", max_bytes=2**30)
         assert record is not None
         assert record[0].state.encoding == ("zstd-shuffle" if "compressed" in where else None)
     with session() as second:
@@ -155,3 +157,76 @@ def test_a_state_in_the_mailbox_keeps_one_save_and_nothing_dropped_there_stops_a
     with caplog.at_level("WARNING"):
         assert signed.load("r") is None  # b's record is unsigned
     assert "ignoring the saved state of b" in caplog.text
+
+
+def _forged_state(box: FileMailbox, learner: str, **state: object) -> None:
+    """Rewrite ``learner``'s (unsigned) state record with these ``state`` fields, as a writer
+    with bucket access and no run key can."""
+    record = json.loads(box.get(keys.learner_state_record(learner)))
+    record["state"].update(state)
+    box.put(keys.learner_state_record(learner), json.dumps(record).encode())
+
+
+@pytest.mark.parametrize("declared", [2**30, 2**45])
+def test_a_state_record_declaring_more_than_the_run_allows_is_refused_before_any_allocation(tmp_path, caplog, declared):
+    """Issue "Trust round 3", cases 4 and 5: a record declaring 2^30 raw bytes over 64 bytes of
+    Blosc frame headers (each frame claiming 256 MiB) cost 1 GB of memory before its refusal,
+    and 2^45 escaped as ``MemoryError``. The declared size is now held to the bound for the
+    run's model before the blob is fetched: refused, logged, the learner starts fresh."""
+    import tracemalloc
+
+    box = FileMailbox(tmp_path / "box")
+    state = LearnerState(StateInMailbox(RunStore(box), "a"), "a")
+    state.save("r", 10, [])
+    lying = b"".join(struct.pack("<BBBBIII", 2, 1, 0x21, 4, 2**28, 2**28, 16) for _ in range(4))
+    blob = keys.learner_state_blob("a", 20, "0badc0de")
+    box.put(blob, lying)
+    _forged_state(box, "a", key=blob, size_bytes=declared, encoding="zstd-shuffle", stored_bytes=len(lying))
+    tracemalloc.start()
+    try:
+        with caplog.at_level("WARNING"):
+            assert state.load("r") is None
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 2**20, f"{peak} bytes allocated refusing a {declared}-byte claim"
+    assert f"declares {declared} bytes, more than the {max_state_bytes(0)}" in caplog.text
+
+
+def test_a_state_blob_that_is_not_a_state_starts_the_learner_fresh_but_a_local_file_is_an_error(tmp_path, caplog):
+    """A blob whose record pins it (right size and sha256) but which is not a learner state
+    (an unsigned run's writer put both) is ignored with a warning; the same bytes in the
+    learner's own ``state_dir`` file stop it with an ``InvalidConfig`` naming the file."""
+    box = FileMailbox(tmp_path / "box")
+    state = LearnerState(StateInMailbox(RunStore(box), "a"), "a")
+    state.save("r", 10, [])
+    junk = b"not a torch archive" * 10
+    blob = keys.learner_state_blob("a", 20, "0badc0de")
+    box.put(blob, junk)
+    _forged_state(box, "a", key=blob, size_bytes=len(junk), sha256=hashlib.sha256(junk).hexdigest())
+    with caplog.at_level("WARNING"):
+        assert state.load("r") is None
+    assert "ignoring the saved state of a: the mailbox" in caplog.text
+
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "a.state").write_bytes(junk)
+    with pytest.raises(gm.InvalidConfig, match="a.state does not load as a learner state"):
+        LearnerState(StateFile(tmp_path / "dir", "a"), "a").load("r")
+
+
+class _Big:
+    """A registered object whose state is larger than a state in the mailbox may be."""
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"buffer": torch.zeros(max_state_bytes(0) // 4 + 1024)}
+
+    def load_state_dict(self, state: object) -> None:
+        pass
+
+
+def test_a_save_larger_than_the_bound_is_refused_when_it_is_written(tmp_path):
+    """The bound a reader holds a state to is told to the writer at its save, not at the restart
+    that would ignore it."""
+    state = LearnerState(StateInMailbox(RunStore(FileMailbox(tmp_path / "box")), "a"), "a")
+    with pytest.raises(gm.InvalidConfig, match="more than the .* a state in the mailbox may hold"):
+        state.save("r", 10, [_Big()])

@@ -22,6 +22,13 @@ any joiner, so a restart redoes at most ``save_state_every`` steps of data and l
 the newest commit does not hold. A state saved in another run (another ``run_id``) is ignored,
 with a warning. The state is a ``torch.save`` archive read back with ``weights_only=True`` where
 torch is installed, else (local files only) a pickle: keep ``state_dir`` private to the learner.
+
+Nothing in the bucket stops a learner: a state in the mailbox that does not read, verify or load
+(a record of another learner, unsigned in a signed run, declaring more bytes than
+``store.max_state_bytes`` allows for the run's model, a blob that is not a state) is logged and
+the learner starts fresh. A local file is the learner's own: one that does not load is an
+``InvalidConfig`` naming it. A save larger than that bound is refused with an ``InvalidConfig``
+when it is written, not discovered at the restart.
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from gradientmail.errors import CorruptPayload, InvalidConfig, InvalidRecord, KeyNotFound
+from gradientmail.errors import GradientMailError, InvalidConfig
 from gradientmail.records import keys
-from gradientmail.store import RunStore
+from gradientmail.store import RunSpec, RunStore, max_state_bytes
 
 __all__ = ["MAILBOX", "STATE_FORMAT", "LearnerState", "StateFile", "StateInMailbox", "Stateful", "learner_state"]
 
@@ -74,6 +81,8 @@ class StateFile:
     def __init__(self, directory: str | Path, learner_id: str) -> None:
         self.path = Path(directory) / f"{learner_id}.state"
         self.where = str(self.path)
+        self.trusted = True
+        """The learner's own file: one that does not load is a configuration error."""
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,36 +101,53 @@ class StateInMailbox:
     """A learner's state in the run's mailbox (``state_dir="mailbox"``): a blob per save and a
     record naming the newest, written last, so a kill leaves the previous save named; in a
     signed run the record is signed and pins the blob's sha256. Nothing in the bucket stops a
-    learner: a state that does not read or verify is logged and the learner starts fresh."""
+    learner: a state that does not read or verify is logged and the learner starts fresh.
+    ``run()`` is the run's spec once joined: whether saves are compressed (its
+    ``payload_compression``) and how many bytes a state may declare (``max_state_bytes`` of its
+    model; without a run, the slack alone)."""
 
-    def __init__(self, store: RunStore, learner_id: str, compress: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, store: RunStore, learner_id: str, run: Callable[[], RunSpec | None] = lambda: None) -> None:
         if _torch() is None:
             raise InvalidConfig("state_dir", "'mailbox' needs torch, whose restricted loader reads what the bucket holds")
         self._store = store
         self._learner = learner_id
-        self._compress = compress
-        """Whether a save is stored compressed: the run's ``payload_compression``."""
+        self._run = run
         self.where = f"the mailbox ({keys.learner_state_record(learner_id)})"
+        self.trusted = False
+        """Anyone with bucket access may have written it: one that does not load is ignored."""
+
+    def _max_bytes(self) -> int:
+        spec = self._run()
+        return max_state_bytes(spec.model_bytes if spec is not None else 0)
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
-        self._store.states.save(self._learner, run_id, total_steps, data, compress=self._compress())
+        limit = self._max_bytes()
+        if len(data) > limit:
+            raise InvalidConfig(
+                "register_for_checkpointing",
+                f"the learner state is {len(data)} bytes, more than the {limit} a state in the mailbox may hold "
+                "for this run's model (store.max_state_bytes); save large objects elsewhere or use a local state_dir",
+            )
+        spec = self._run()
+        compress = spec is not None and spec.algorithm.payload_compression == "zstd"
+        self._store.states.save(self._learner, run_id, total_steps, data, compress=compress)
 
     def read(self) -> bytes | None:
         try:
-            found = self._store.states.read(self._learner)
-        except (InvalidRecord, CorruptPayload, KeyNotFound) as exc:
+            found = self._store.states.read(self._learner, max_bytes=self._max_bytes())
+        except (GradientMailError, MemoryError) as exc:
             log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
             return None
         return None if found is None else found[1]
 
 
-def learner_state(state_dir: str | None, store: RunStore, name: str, compress: Callable[[], bool]) -> LearnerState | None:
+def learner_state(state_dir: str | None, store: RunStore, name: str, run: Callable[[], RunSpec | None]) -> LearnerState | None:
     """Where learner ``name``'s state is saved: ``state_dir``, or with ``"mailbox"`` its prefix
-    in the mailbox (stored compressed when ``compress()``: the run's setting, known once
-    joined); None without a ``state_dir``."""
+    in the mailbox (``run()``: the run's spec, known once joined, for its compression and the
+    state's bound); None without a ``state_dir``."""
     if not state_dir:
         return None
-    return LearnerState(StateInMailbox(store, name, compress) if state_dir == MAILBOX else StateFile(state_dir, name), name)
+    return LearnerState(StateInMailbox(store, name, run) if state_dir == MAILBOX else StateFile(state_dir, name), name)
 
 
 class LearnerState:
@@ -162,13 +188,22 @@ class LearnerState:
         try:
             state = _loads(data)
         except Exception as exc:
-            raise InvalidConfig("state_dir", f"{self.where} does not load as a learner state: {exc}") from None
+            self._unreadable(f"{self.where} does not load as a learner state: {exc}")
+            return None
         if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise InvalidConfig("state_dir", f"{self.where} is not a learner state file of this GradientMail")
+            self._unreadable(f"{self.where} is not a learner state file of this GradientMail")
+            return None
         if state.get("run_id") != run_id:
             log.warning("ignoring %s: it was saved in run %s, this is run %s", self.where, state.get("run_id"), run_id)
             return None
         return state
+
+    def _unreadable(self, problem: str) -> None:
+        """A saved state that does not load: the learner's own file is a configuration error; one
+        in the mailbox is logged and the learner starts fresh."""
+        if self._where.trusted:
+            raise InvalidConfig("state_dir", problem)
+        log.warning("ignoring the saved state of %s: %s", self.learner_id, problem)
 
     @staticmethod
     def restore(state: dict[str, Any], objects: Sequence[Stateful], first: int = 0) -> None:

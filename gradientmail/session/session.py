@@ -209,7 +209,7 @@ class Session:
         )
         self._run: OpenRun | None = None
         suffix = f".rank{self._follower.rank}" if self._follower is not None else ""
-        self._state = learner_state(self.options.state_dir, self._store, self.learner_id + suffix, self._compresses)
+        self._state = learner_state(self.options.state_dir, self._store, self.learner_id + suffix, lambda: self.spec)
         self._checkpointed: list[Stateful] = []
         self._saved: dict[str, Any] | None = None
         self._queue_marks: dict[str, dict[int, int]] = {}
@@ -220,10 +220,6 @@ class Session:
         """The newest value of each scalar ``report()`` was given (the ``gradientmail_learner_reported`` gauges)."""
         self.steps_before = 0
         """Steps this learner trained in the run before this session (restored from ``state_dir``)."""
-
-    def _compresses(self) -> bool:
-        """Whether a learner state in the mailbox is stored compressed: the run's setting."""
-        return self.spec is not None and self.spec.algorithm.payload_compression == "zstd"
 
     # -- context manager -----------------------------------------------------------
     def __enter__(self) -> Session:

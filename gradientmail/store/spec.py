@@ -88,6 +88,11 @@ class RunSpec:
         """Bytes of ``fragment``'s parameters as stored: what a syncer of it moves per commit."""
         return sum(self.parameters[n].numel * numpy_dtype(self.dtype(n)).itemsize for n in self.fragments[fragment])
 
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of every parameter as stored: what bounds a learner state of this run."""
+        return sum(self.fragment_bytes(fragment) for fragment in range(len(self.fragments)))
+
     def max_payload_bytes(self, fragment: int) -> int:
         """The largest a valid contribution payload of ``fragment`` can be."""
         codec = self.algorithm.delta_codec

@@ -2,8 +2,9 @@
 
 A save is a blob under a key of its own, then the record that names it (so a kill in between
 leaves the previous save whole), then the learner's older saves deleted. A read checks the
-record (signed in a signed run, the learner's, naming a blob of the learner's own prefix) and
-the blob (size, sha256) before anything is unpickled.
+record (signed in a signed run, the learner's, naming a blob of the learner's own prefix, of no
+more bytes than ``max_state_bytes`` allows for the run's model) and the blob (size, sha256)
+before anything is fetched past that bound or unpickled.
 """
 
 from __future__ import annotations
@@ -17,9 +18,25 @@ from gradientmail.records import LearnerStateRecord, PayloadRef, keys
 from gradientmail.store.cas import CasRecords
 from gradientmail.store.record_io import RecordIO
 
-__all__ = ["LearnerStateRecords"]
+__all__ = ["STATE_BYTES_PER_MODEL_BYTE", "STATE_SLACK_BYTES", "LearnerStateRecords", "max_state_bytes"]
 
 log = logging.getLogger(__name__)
+
+STATE_BYTES_PER_MODEL_BYTE = 16
+"""A learner state's bytes per byte of the run's stored parameters. Adam keeps two moments per
+parameter (8 bytes per fp32 parameter, 16 per bf16 one kept in fp32); 16 leaves room for a
+scheduler, a sampler and an fp32 master copy of a bf16 model."""
+STATE_SLACK_BYTES = 64 * 2**20
+"""Bytes a learner state may hold besides that: the random generators, step counts, the work
+queues' marks, small registered objects (and the whole bound where no model is known)."""
+
+
+def max_state_bytes(model_bytes: int) -> int:
+    """The most bytes a learner state of a run whose stored parameters take ``model_bytes`` may
+    declare: a record claiming more is refused before its blob is fetched or decoded (a
+    decompression bomb, or a size no allocation survives), and a save of more is refused with a
+    message saying why."""
+    return STATE_BYTES_PER_MODEL_BYTE * max(0, model_bytes) + STATE_SLACK_BYTES
 
 
 class LearnerStateRecords:
@@ -52,8 +69,9 @@ class LearnerStateRecords:
                 except GradientMailError as exc:  # a learner without delete permission: the old save stays
                     log.warning("could not delete the older learner state %s: %s", key, exc)
 
-    def read(self, learner: str) -> tuple[LearnerStateRecord, bytes] | None:
-        """A learner's newest saved state, checked; None when it has none. ``InvalidRecord``,
+    def read(self, learner: str, *, max_bytes: int) -> tuple[LearnerStateRecord, bytes] | None:
+        """A learner's newest saved state, checked; None when it has none. ``InvalidRecord`` (also
+        for a record declaring more than ``max_bytes``, before anything is fetched),
         ``CorruptPayload`` or ``KeyNotFound`` (the blob is gone) otherwise."""
         location = keys.learner_state_record(learner)
         try:
@@ -63,4 +81,9 @@ class LearnerStateRecords:
         named = keys.parse_key(record.state.key)
         if record.learner != learner or not (isinstance(named, keys.LearnerStateKey) and named.blob and named.learner == learner):
             raise InvalidRecord(f"learner state record at {location} names {record.state.key!r}, not a state of {learner}")
+        if record.state.size_bytes > max_bytes:
+            raise InvalidRecord(
+                f"learner state record at {location} declares {record.state.size_bytes} bytes, "
+                f"more than the {max_bytes} a learner state of this run may hold"
+            )
         return record, self._read_blob(record.state)
