@@ -721,7 +721,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         print(f"== pass {repeat + 1} of {args.repeats}")
         runs.append(run_corpus(args, model, wanted))
-    failed = [r.id for run in runs for r in run.run_rows if not r.passed]
+    failed = [r.case for run in runs for r in run.run_rows if not r.passed]
     targets = conditions(
         [
             (f"no hostile input escapes as an exception ({sum(r.escapes for r in runs)} in {len(runs)} pass(es))",

@@ -287,13 +287,15 @@ def _inflated_samples_two_learners(run: Run) -> Planted:
 
 
 def _duplicate_learner_id(run: Run) -> Planted:
-    """A second process starts with alice's id while alice runs: the first of the two to renew
-    after the other wrote finds a lease of its id it did not write and stops; the other goes on
-    (here the newcomer, which publishes alice's contributions from then on)."""
+    """A second process starts with alice's id while alice runs: its lease is newer (INV-19), so
+    alice watches it, and once the twin renews again alice stops; the newcomer goes on (and
+    publishes alice's contributions from then on)."""
     twin = LearnerLease(run.store, "alice", 10.0)
     twin.renew({})
     try:
-        run.publish("alice")
+        run.publish("alice")  # a newer lease of its id: watched
+        twin.renew({})
+        run.publish("alice")  # it changed: another process renews it
         outcome = "no error"
     except gm.DuplicateLearner as exc:
         outcome = f"DuplicateLearner: {exc}"
@@ -301,6 +303,25 @@ def _duplicate_learner_id(run: Run) -> Planted:
 
     def check(after: Run) -> tuple[bool, str]:
         return outcome.startswith("DuplicateLearner"), outcome[:100] + "..."
+
+    return Planted(run.syncer, check=check)
+
+
+def _replayed_own_lease(run: Run) -> Planted:
+    """Alice's own older signed lease put back with one plain PUT (issue 43, case 2): older by
+    sequence than her last write, so her next renewal writes over it instead of stopping."""
+    key = keys.learner_lease("alice")
+    old = run.box.get(key)
+    run.publish("alice")  # a renewal later
+    run.box.put(key, old)
+    try:
+        run.publish("alice")
+        outcome = "renewed over it"
+    except gm.DuplicateLearner as exc:
+        outcome = f"DuplicateLearner: {exc}"
+
+    def check(after: Run) -> tuple[bool, str]:
+        return outcome == "renewed over it", outcome[:100]
 
     return Planted(run.syncer, check=check)
 
@@ -351,6 +372,7 @@ RUN_CASES: tuple[RunCase, ...] = (
         hostile_merged=True,
     ),
     RunCase("duplicate_learner_id", "two processes with one learner id", _duplicate_learner_id, "ok"),
+    RunCase("replayed_own_lease", "a learner's own older signed lease put back", _replayed_own_lease, "ok", signed=True),
     RunCase("rollback_after_collection", "a one-version rollback, retention collects it", _rollback_after_collection, "fail"),
 )
 

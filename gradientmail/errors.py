@@ -97,7 +97,8 @@ class DuplicateLearner(GradientMailError):
     def __init__(self, learner: str) -> None:
         self.learner = learner
         super().__init__(
-            f"learner id {learner!r} is used by another process too (its lease changed under ours); give each process "
+            f"learner id {learner!r} is used by another process too (a newer lease of the id, renewed by someone "
+            "else, replaced ours; that process trains on, this one stops); give each process "
             "its own id: gm.Session(learner_id=...) or GRADIENTMAIL_LEARNER_ID, e.g. the host name and the GPU index"
         )
 

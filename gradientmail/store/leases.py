@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from gradientmail.errors import DuplicateLearner, GradientMailError, KeyNotFound, VersionConflict
 from gradientmail.records import Lease, check_learner_id, keys
@@ -48,8 +48,11 @@ __all__ = [
     "ClockProbing",
     "LeaseName",
     "LeaseObserver",
+    "FoundThere",
     "LearnerLease",
     "SENT_BY",
+    "first_sequence",
+    "judge_found",
     "live_learners",
     "others_training",
     "sample_lease_write",
@@ -293,31 +296,82 @@ def others_training(live: Mapping[str, Lease], me: str) -> int:
     return sum(1 for learner, lease in live.items() if learner != me and trains(lease))
 
 
+FoundThere = Literal["foreign", "older", "newer"]
+"""What a learner found at its own lease key after a write of its conflicted (:func:`judge_found`)."""
+
+
+def judge_found(there: Lease | None, learner: str, writing: int) -> FoundThere:
+    """What the object at ``learner``'s lease key is, to a learner about to write ``writing``
+    there: ``"foreign"`` (garbage, another holder's or kind's, or in a signed run one that does
+    not verify: no learner of this id wrote it), ``"older"`` (a valid lease of this id with a
+    lower sequence: a replay of an earlier write, ours or a predecessor's) or ``"newer"`` (a
+    valid lease of this id at or above it: another process with this id, or a replay of nothing
+    this learner has passed, until it proves live by changing)."""
+    if there is None or there.kind != "learner" or there.holder != learner:
+        return "foreign"
+    return "older" if there.sequence < writing else "newer"
+
+
+def first_sequence(there: Lease | None, learner: str, wall_s: float) -> int:
+    """The sequence a learner's first write carries: above every earlier write of its id, so a
+    replay of any of them is judged ``"older"``. The wall clock in milliseconds (renewals come
+    every TTL/3, so a predecessor on this host never reached it) or one above the lease found
+    there, whichever is higher (a predecessor on a host whose clock runs ahead)."""
+    start = max(int(wall_s * 1000), 1)
+    if judge_found(there, learner, start) == "newer" and there is not None:
+        start = there.sequence + 1
+    return start
+
+
+@dataclass
+class _Rival:
+    """A newer lease of our id found at our key, watched until it changes (a live process) or
+    stands still a TTL (a dropped object)."""
+
+    sequence: int
+    first_seen: float
+
+
 class LearnerLease:
     """A learner's own lease. The first write is a plain put (its id is its own: a restarted
-    learner takes over its predecessor's lease); every later one is a compare-and-swap against
-    the token of our last write, so a lease that changed under us means another process writes
-    it: a second process with our id, when it holds a valid learner lease of our id
-    (``DuplicateLearner``); anything else there (garbage, another holder's lease, one that
-    does not verify in a signed run) is overwritten and logged. No request beyond the writes
-    themselves, but for the read after a conflict and, given a ``store_clock``, a HEAD for the
-    store's stamp of a write when a clock sample is due (``sample_lease_write``)."""
+    learner takes over its predecessor's lease), at a sequence above every earlier write of the
+    id (:func:`first_sequence`); every later one is a compare-and-swap against the token of our
+    last write. A conflict is judged by :func:`judge_found`: anything no learner of our id
+    wrote, or an older lease of our id put back (a replay), is overwritten and logged; a newer
+    one is watched, not written over: when it changes again another process renews it, and the
+    next renewal raises ``DuplicateLearner`` (the newer process trains on; this one is told
+    through ``step()``); when it stands still a TTL nobody renews it, and it is overwritten at a
+    sequence above it. So no object put in the bucket stops a learner: a static one costs at
+    most a TTL of renewals. Requests: the writes, one read before the first and one after each
+    conflict, and, given a ``store_clock``, a HEAD for the store's stamp of a write when a clock
+    sample is due (``sample_lease_write``)."""
 
     def __init__(
-        self, store: RunStore, learner: str, ttl_s: float, *, clock: Clock = time.monotonic, store_clock: StoreClock | None = None
+        self,
+        store: RunStore,
+        learner: str,
+        ttl_s: float,
+        *,
+        clock: Clock = time.monotonic,
+        store_clock: StoreClock | None = None,
+        wall: Clock = time.time,
     ) -> None:
         self._store = store
         self._learner = check_learner_id(learner)
         self._ttl_s = ttl_s
         self._clock = clock
+        self._wall = wall
         self._store_clock = store_clock
         """Sampled by this lease's writes when a sample is due (``sample_lease_write``): what this
         node's observers judge stamps on."""
         self._probing = None if store_clock is None else ClockProbing(store_clock)
-        self._sequence = 0
+        self._sequence: int | None = None
         self._token: str | None = None
+        self._rival: _Rival | None = None
         self.written: Lease | None = None
         """The lease as this learner last wrote it successfully (None before the first write)."""
+        self.overwritten = 0
+        """Objects found at our key and written over: foreign ones, replays, dropped newer ones."""
 
     def renew(self, info: dict[str, object]) -> None:
         self._write(released=False, info=info)
@@ -331,31 +385,71 @@ class LearnerLease:
         return None if self._probing is None else self._probing.next_in(self._clock())
 
     def _write(self, *, released: bool, info: dict[str, object]) -> None:
-        self._sequence += 1
+        if self._sequence is None:
+            found = self._store.leases.read_learner(self._learner, need_token=False)
+            self._sequence = first_sequence(None if found is None else found.lease, self._learner, self._wall()) - 1
         sent = self._clock()
         info = {**info, **sent_by(self._store_clock, sent)}
         lease = Lease(
-            kind="learner", holder=self._learner, sequence=self._sequence, ttl_s=self._ttl_s, released=released, info=info
+            kind="learner", holder=self._learner, sequence=self._sequence + 1, ttl_s=self._ttl_s, released=released, info=info
         )
-        self._put(lease)
-        self.written = lease
+        put = self._put(lease)
+        if put is None:
+            return
+        self._sequence = put.sequence
+        self.written = put
         if self._store_clock is not None and self._token is not None:
             name = LeaseName.of_learner(self._learner)
             sample_lease_write(self._store, self._store_clock, name, self._token, sent, self._clock)
 
-    def _put(self, lease: Lease) -> None:
+    def _put(self, lease: Lease) -> Lease | None:
+        """Write ``lease`` (above a dropped newer one's sequence); returns what was written, None
+        when a newer lease of our id stands there and is left alone."""
         if self._token is None:
             self._token = self._store.leases.put_learner(lease)
-            return
+            return lease
         try:
             self._token = self._store.leases.swap_learner(lease, self._token)
+            return lease
         except KeyNotFound:  # deleted under us (retention never does): write it again
             self._token = self._store.leases.put_learner(lease)
+            return lease
         except VersionConflict:
             found = self._store.leases.read_learner(self._learner, need_token=False)
-            there = found.lease if found is not None else None
-            if there is not None and there.kind == "learner" and there.holder == self._learner:
-                raise DuplicateLearner(self._learner) from None  # a valid lease of our id that we did not write
-            # garbage, another holder's, or (signed run) one that does not verify: not a twin
+        there = found.lease if found is not None else None
+        judged = judge_found(there, self._learner, lease.sequence)
+        if judged == "newer" and there is not None:
+            if not self._rival_dropped(there):
+                return None
+            lease = lease.model_copy(update={"sequence": there.sequence + 1})
+            log.warning(
+                "learner %s: a newer lease of its id (sequence %d) stood still for a TTL: nobody renews it; writing over it",
+                self._learner, there.sequence,
+            )  # fmt: skip
+        elif judged == "older" and there is not None:
+            log.warning(
+                "learner %s: an older lease of its id (sequence %d, ours is %d) was put back; writing over it",
+                self._learner, there.sequence, lease.sequence - 1,
+            )  # fmt: skip
+        else:
             log.warning("the lease of learner %s was overwritten by something no learner writes; writing it again", self._learner)
-            self._token = self._store.leases.put_learner(lease)
+        self._rival = None
+        self.overwritten += 1
+        self._token = self._store.leases.put_learner(lease)
+        return lease
+
+    def _rival_dropped(self, there: Lease) -> bool:
+        """Whether the newer lease ``there`` is a dropped object (it stood still a TTL) rather
+        than another process's; raises ``DuplicateLearner`` once it changed since first seen."""
+        now = self._clock()
+        rival = self._rival
+        if rival is None:
+            self._rival = _Rival(there.sequence, now)
+            log.warning(
+                "learner %s: a newer lease of its id (sequence %d) is at its key; another process with this id, "
+                "or an object put there: watching it for up to a TTL", self._learner, there.sequence,
+            )  # fmt: skip
+            return False
+        if there.sequence != rival.sequence:
+            raise DuplicateLearner(self._learner)
+        return now - rival.first_seen >= self._ttl_s
