@@ -116,25 +116,25 @@ class StateInMailbox:
         self.trusted = False
         """Anyone with bucket access may have written it: one that does not load is ignored."""
 
-    def _max_bytes(self) -> int:
-        spec = self._run()
+    @staticmethod
+    def _max_bytes(spec: RunSpec | None) -> int:
         return max_state_bytes(spec.model_bytes if spec is not None else 0)
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
-        limit = self._max_bytes()
+        spec = self._run()
+        limit = self._max_bytes(spec)
         if len(data) > limit:
             raise InvalidConfig(
                 "register_for_checkpointing",
                 f"the learner state is {len(data)} bytes, more than the {limit} a state in the mailbox may hold "
                 "for this run's model (store.max_state_bytes); save large objects elsewhere or use a local state_dir",
             )
-        spec = self._run()
         compress = spec is not None and spec.algorithm.payload_compression == "zstd"
         self._store.states.save(self._learner, run_id, total_steps, data, compress=compress)
 
     def read(self) -> bytes | None:
         try:
-            found = self._store.states.read(self._learner, max_bytes=self._max_bytes())
+            found = self._store.states.read(self._learner, max_bytes=self._max_bytes(self._run()))
         except (GradientMailError, MemoryError) as exc:
             log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
             return None
