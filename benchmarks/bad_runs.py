@@ -39,10 +39,11 @@ from gradientmail.audit import DigestLog, audit_run
 from gradientmail.records import RoundRecord, keys
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import newest_readable
+from gradientmail.session.queue import WorkQueue
 from gradientmail.store import LearnerLease
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.syncer.bounds import MIN_HISTORY, MIN_ROUNDS, NORM_RATIO, SAMPLES_PER_STEP_RATIO
-from testing.mailbox_run import FRAGMENT, HONEST, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
+from testing.mailbox_run import FRAGMENT, HONEST, LEASE_TTL_S, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
 
 __all__ = ["RUN_CASES", "RunCase", "RunRow", "bench_run_case"]
 
@@ -326,6 +327,28 @@ def _replayed_own_lease(run: Run) -> Planted:
     return Planted(run.syncer, check=check)
 
 
+QUEUE_UNITS = 8
+
+
+def _junk_done_markers(run: Run) -> Planted:
+    """Eight 2-byte ``{}`` objects at the done keys of an eight-unit work queue (issue 43, case 1:
+    they once stopped every unit of a signed run). Alice drains the queue after the attack: every
+    unit must be handed to her, and each junk marker written over."""
+    for unit in range(QUEUE_UNITS):
+        run.box.put(keys.queue_done("shards", unit), b"{}")
+    clean = _audit_clean(run)
+    queue = WorkQueue(run.store, "alice", "shards", QUEUE_UNITS, lease_ttl_s=LEASE_TTL_S, poll_interval_s=0.0)
+    trained = list(queue)
+
+    def check(after: Run) -> tuple[bool, str]:
+        left = after.store.queues.invalid_done("shards")
+        return trained == list(
+            range(QUEUE_UNITS)
+        ) and not left, f"{len(trained)}/{QUEUE_UNITS} units trained, {len(left)} junk left"
+
+    return Planted(run.syncer, audit_clean=clean, check=check)
+
+
 def _rollback_after_collection(run: Run) -> Planted:
     """The newest record deleted and re-committed by a successor (a rollback of one version), then
     enough rounds for retention to collect the evidence: the plain audit passes, one with the
@@ -373,6 +396,7 @@ RUN_CASES: tuple[RunCase, ...] = (
     ),
     RunCase("duplicate_learner_id", "two processes with one learner id", _duplicate_learner_id, "ok"),
     RunCase("replayed_own_lease", "a learner's own older signed lease put back", _replayed_own_lease, "ok", signed=True),
+    RunCase("junk_done_markers", "eight 2-byte objects at a work queue's done keys", _junk_done_markers, "fail", signed=True),
     RunCase("rollback_after_collection", "a one-version rollback, retention collects it", _rollback_after_collection, "fail"),
 )
 

@@ -12,6 +12,9 @@ What it checks (docs/protocol.md, "Audit"), per fragment:
 * every round inside the audit window replays to the committed bytes, and no contribution is
   merged twice.
 
+Beside the fragments: every work queue's done markers are valid records (INV-24), and every
+object under the layout's folders is a key of the layout (listed by the audit itself).
+
 Failures are listed and counted; warnings (a lease that does not verify, versions retention
 has yet to collect) are listed but do not fail the audit.
 
@@ -144,7 +147,8 @@ def audit_run(
         if digest_log is not None:
             digest_log.check(fragment, stored, report)
     _audit_leases(store, report)
-    _audit_names(store, len(spec.fragments), report)
+    _audit_queues(store, report)
+    _audit_names(store, report)
     if digest_log is not None and report.clean:
         digest_log.save()
     for line in report.checked:
@@ -308,16 +312,33 @@ def _close(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.all(np.abs(a64 - b64) <= REPLAY_TOLERANCE * scale))
 
 
-def _audit_names(store: RunStore, fragments: int, report: AuditReport) -> None:
-    """Every object under the run's fragments and leases is a key of the layout: anything else
-    was written outside the protocol (nodes skip it, INV-7; the audit names it)."""
-    before = store.unparsable_keys
-    listed = sum(len(store.listed(keys.fragment_root(f))) for f in range(fragments)) + len(store.listed("leases/"))
-    strays = store.unparsable_keys - before
+def _audit_names(store: RunStore, report: AuditReport) -> None:
+    """Every object under the layout's folders is a key of the layout: anything else was written
+    outside the protocol (nodes skip it, INV-7; the audit names it). The audit lists the names
+    itself, so a name a node's store skipped before is still found. Objects outside the folders
+    (beside the run, in a shared bucket) are no node's business and not listed."""
+    listed, strays = 0, list[str]()
+    for folder in keys.FOLDERS:
+        count, found = store.stray_names(folder)
+        listed, strays = listed + count, strays + found
     if strays:
-        report.fail(f"{strays} objects in the mailbox are no key of the run's layout (written outside the protocol; logged)")
+        shown = ", ".join(repr(name[:80]) for name in strays[:5])
+        report.fail(f"{len(strays)} objects in the mailbox are no key of the run's layout (not written by the protocol): {shown}")
     else:
-        report.ok(f"all {listed} objects under fragments/ and leases/ are keys of the layout")
+        report.ok(f"all {listed} objects under {', '.join(keys.FOLDERS)} are keys of the layout")
+
+
+def _audit_queues(store: RunStore, report: AuditReport) -> None:
+    """Every done marker of every work queue is valid (INV-24): one that is not was written
+    outside the protocol, and its unit is trained again."""
+    for queue in store.queues.queue_names():
+        store.queues.units(queue)
+        invalid = store.queues.invalid_done(queue)
+        if invalid:
+            shown = "; ".join(f"unit {unit}: {problem[:120]}" for unit, problem in sorted(invalid.items())[:5])
+            report.fail(f"queue {queue}: {len(invalid)} done markers are not valid records (the units stay open): {shown}")
+        else:
+            report.ok(f"queue {queue}: every done marker is a valid record")
 
 
 def _audit_leases(store: RunStore, report: AuditReport) -> None:

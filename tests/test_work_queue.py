@@ -11,10 +11,13 @@ from pathlib import Path
 import pytest
 
 import gradientmail as gm
+from gradientmail.audit import audit_run
 from gradientmail.mailbox import FileMailbox
 from gradientmail.records import QueueDone, keys
+from gradientmail.records.auth import RunKey
 from gradientmail.session.queue import WorkQueue
 from gradientmail.store import LearnerLease, RunStore
+from testing.mailbox_run import RUN_SECRET, Run, create_run
 from tests.fake_clock import FakeClock
 from tests.run_procs import ROOT, wait_until
 
@@ -137,3 +140,76 @@ def test_every_unit_is_trained_to_its_end_exactly_once_across_kill_9_and_restart
     for unit in set(range(24)) - {interrupted}:
         steps = [e["step"] for log in logs for e in lines(log) if e["event"] == "step" and e["unit"] == unit]
         assert sorted(steps) == list(range(5)), (unit, steps)  # each step of a unit trained once
+
+
+# -- done markers are records, not names (issue 43, case 1; INV-24) --------------------------
+
+
+def signed_run(tmp_path: Path) -> Run:
+    return create_run(FileMailbox(tmp_path / "box"), key=RunKey(RUN_SECRET))
+
+
+def drain(store: RunStore, learner: str, units: int) -> list[int]:
+    """Train every unit ``learner`` is handed (each finished at once), in order."""
+    LearnerLease(store, learner, TTL_S).renew({})
+    return list(WorkQueue(store, learner, "shards", units, lease_ttl_s=TTL_S, poll_interval_s=0.0, clock=FakeClock()))
+
+
+def test_eight_two_byte_done_markers_stop_no_unit_of_a_signed_run_and_fail_the_audit(tmp_path):
+    """INV-24: eight ``{}`` objects at the done keys of an eight-unit queue leave every unit open
+    (each was trained, 0 of 8 before); the audit fails while they are there, names the queue and
+    counts them; the learner that finishes a unit writes over its marker, and once every unit is
+    trained the audit is clean again."""
+    run = signed_run(tmp_path)
+    for unit in range(8):
+        run.box.put(keys.queue_done("shards", unit), b"{}")
+    report = audit_run(RunStore(run.box, run.key), run.spec)
+    assert any("queue shards: 8 done markers are not valid" in line for line in report.failures), report.failures
+    assert drain(run.store, "a", 8) == list(range(8))
+    assert run.store.queues.invalid_done("shards") == {}
+    assert audit_run(RunStore(run.box, run.key), run.spec).failures == []
+
+
+def test_a_junk_claim_and_a_junk_done_marker_on_one_unit_do_not_skip_it(tmp_path):
+    """INV-24: the junk claim is taken over, the junk marker written over once the unit is trained."""
+    run = signed_run(tmp_path)
+    run.box.put(keys.queue_claim("shards", 2), b"junk")
+    run.box.put(keys.queue_done("shards", 2), b"\x00\x01")
+    assert drain(run.store, "a", 4) == [0, 1, 3, 2]  # unit 2: the junk claim taken over, then trained
+    done = QueueDone.model_validate_json(run.box.get(keys.queue_done("shards", 2)))
+    assert done.holder == "a"
+
+
+def test_a_valid_done_marker_copied_to_another_unit_is_not_believed(tmp_path):
+    """INV-24: signed, the MAC binds a record to its key; unsigned, the record names its unit:
+    either way a genuine marker copied to another unit's key leaves that unit open."""
+    for key in (RunKey(RUN_SECRET), None):
+        run = create_run(FileMailbox(tmp_path / f"box-{key is None}"), key=key)
+        store = run.store
+        assert store.queues.create_done(QueueDone(queue="shards", unit=0, holder="a", generation=1))
+        run.box.put(keys.queue_done("shards", 1), run.box.get(keys.queue_done("shards", 0)))
+        assert store.queues.units("shards") == (set(), {0})
+        assert 1 in store.queues.invalid_done("shards")
+        assert drain(store, "b", 2) == [1]
+
+
+def test_a_done_marker_another_learner_wrote_first_still_wins(tmp_path):
+    """Create-once holds for valid markers: the second learner to finish a unit writes nothing."""
+    run = signed_run(tmp_path)
+    first = QueueDone(queue="shards", unit=0, holder="a", generation=1)
+    assert run.store.queues.create_done(first)
+    assert not RunStore(run.box, run.key).queues.create_done(QueueDone(queue="shards", unit=0, holder="b", generation=2))
+    assert QueueDone.model_validate_json(run.box.get(keys.queue_done("shards", 0))).holder == "a"
+
+
+def test_the_audit_lists_names_itself_so_a_name_a_node_skipped_before_still_fails_it(tmp_path):
+    """Issue 43, case 9: the store a node keeps counts each stray name once; the audit run on that
+    same store still finds it, wherever it lies in the run (queues/, states/ or barriers/ too)."""
+    run = signed_run(tmp_path)
+    assert audit_run(run.store, run.spec).failures == []
+    for stray in ("fragments/0000/rounds/stray.json", "queues/shards/done/7.json", "states/a/notes.txt"):
+        run.box.put(stray, b"x")
+    run.store.listed("fragments/0000/rounds/")  # the node's own listing skips and counts it first
+    assert run.store.unparsable_keys >= 1
+    failures = audit_run(run.store, run.spec).failures
+    assert any(line.startswith("3 objects in the mailbox are no key") for line in failures), failures

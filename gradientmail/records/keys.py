@@ -35,6 +35,8 @@ FRAGMENTS = "fragments/"
 QUEUES = "queues/"
 STATES = "states/"
 BARRIERS = "barriers/"
+FOLDERS = (FRAGMENTS, "leases/", QUEUES, STATES, BARRIERS)
+"""The layout's folders: every object under them is a key of the table above."""
 
 _ID = LEARNER_ID.pattern.removeprefix("^").removesuffix("$")  # a learner id, inside a key
 _HEAD = re.compile(r"^fragments/(\d{4})/head\.json$")

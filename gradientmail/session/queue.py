@@ -24,7 +24,9 @@ The rules (docs/session.md, "Data each learner owns"), keys in ``records/keys.py
 Asking for the next unit marks the one before done: a create-once ``QueueDone``, at most one per
 unit. Leaving the loop early (``break``, an exception, a kill) leaves the unit claimed, for its
 learner's restart or, once its lease expires, for another learner. A slow learner whose unit was
-taken over may still finish it; the first done record wins and the other is logged. For fixed
+taken over may still finish it; the first done record wins and the other is logged. A done
+record counts only when it parses, verifies and names its queue and unit (INV-24): one that
+does not leaves the unit open, and the learner that finishes it writes over it. For fixed
 slices (``ranks``), make a queue of as many units as slices and hold one for the whole run.
 
 The position inside a unit: a queue made by ``Session.queue`` notes the session's
@@ -118,7 +120,7 @@ class WorkQueue:
 
     def _next(self) -> int | None:
         while True:
-            claimed, done = self._store.queues.units(self.name)
+            claimed, done = self._store.queues.units(self.name, below=self.units)
             if len(done) >= self.units:
                 return None
             open_units = sorted(claimed - done)
@@ -135,7 +137,7 @@ class WorkQueue:
                     return unit
                 others.append((unit, claim, token))
             for unit in range(self.units):
-                if unit not in claimed and (taken := self._claim(unit)) is not None:
+                if unit not in claimed and unit not in done and (taken := self._claim(unit)) is not None:
                     return taken
             for unit, claim, token in others:
                 if claim is None or self._holder_gone(claim.holder):

@@ -1,18 +1,29 @@
 """A work queue's records (``session/queue.py``): each unit's claim, and its done marker.
 
 A claim is a mutable record (created by the first learner to take the unit, taken over by
-compare-and-swap: ``store.cas``); a done marker is created once. A claim that does not parse or
-verify, or names another queue or unit, reads as ``(None, token)``: it may be replaced.
+compare-and-swap: ``store.cas``); a done marker is created once. Neither is believed by its
+name: a claim that does not parse or verify, or names another queue or unit, reads as
+``(None, token)`` and may be replaced; a unit is done only by a done marker that parses,
+verifies and names its queue and unit (INV-24). A marker that does not is skipped, counted
+(``invalid_done``, reported by ``audit``) and written over by the next learner to finish the unit.
 """
 
 from __future__ import annotations
 
-from gradientmail.errors import RecordExists
+import logging
+
+from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.records import QueueClaim, QueueDone, keys
 from gradientmail.store.cas import CasRecords
 from gradientmail.store.record_io import RecordIO
 
 __all__ = ["QueueRecords"]
+
+log = logging.getLogger(__name__)
+
+_SWAP_TRIES = 3
+"""Tries at writing over an invalid done marker that keeps changing under us (each lost race
+means another writer replaced it: a learner's valid marker ends the loop)."""
 
 
 class QueueRecords:
@@ -21,16 +32,58 @@ class QueueRecords:
     def __init__(self, io: RecordIO, cas: CasRecords) -> None:
         self._io = io
         self._cas = cas
+        self._done: dict[str, dict[int, QueueDone]] = {}
+        """queue → unit → its verified done marker (create-once, so read once)."""
+        self._invalid: dict[str, dict[int, str]] = {}
+        """queue → unit → why the done marker there was not believed, as of the last look."""
 
-    def units(self, queue: str) -> tuple[set[int], set[int]]:
-        """The units of ``queue`` that have a claim, and those that are done (two LISTs)."""
-        claimed: set[int] = set()
-        done: set[int] = set()
-        for part, into in (("claims", claimed), ("done", done)):
+    def queue_names(self) -> list[str]:
+        """The work queues with a record in the mailbox (one LIST of them all)."""
+        return sorted({parsed.queue for _, parsed in self._io.listed(keys.QUEUES) if isinstance(parsed, keys.QueueKey)})
+
+    def invalid_done(self, queue: str) -> dict[int, str]:
+        """Unit → why its done marker is not believed, as of the last ``units`` of ``queue``."""
+        return dict(self._invalid.get(queue, {}))
+
+    def units(self, queue: str, *, below: int | None = None) -> tuple[set[int], set[int]]:
+        """The units of ``queue`` (those ``< below`` when given) that have a claim, and those
+        that are done: two LISTs, then a GET of each done marker not yet verified."""
+        named: dict[str, set[int]] = {"claims": set(), "done": set()}
+        for part, into in named.items():
             for _, parsed in self._io.listed(keys.queue_prefix(queue, part)):
-                if isinstance(parsed, keys.QueueKey) and parsed.queue == queue and parsed.part == part:
+                if not isinstance(parsed, keys.QueueKey) or parsed.queue != queue or parsed.part != part:
+                    continue
+                if below is None or parsed.unit < below:
                     into.add(parsed.unit)
-        return claimed, done
+        return named["claims"], self._verified_done(queue, named["done"])
+
+    def _verified_done(self, queue: str, listed: set[int]) -> set[int]:
+        verified = self._done.setdefault(queue, {})
+        invalid = self._invalid.setdefault(queue, {})
+        for unit in sorted(listed - verified.keys()):
+            done, problem, _ = self._read_done(queue, unit)
+            if done is not None:
+                verified[unit] = done
+                invalid.pop(unit, None)
+            elif problem:
+                if unit not in invalid:
+                    log.warning("queue %s: unit %d's done marker is not believed (%s); the unit stays open", queue, unit, problem)
+                invalid[unit] = problem
+        for unit in set(invalid) - listed:
+            del invalid[unit]
+        return set(verified)  # a verified marker deleted since is still done: create-once
+
+    def _read_done(self, queue: str, unit: int) -> tuple[QueueDone | None, str, str]:
+        """A unit's done marker if it is valid, else why not and its token ("" when absent)."""
+        found = self._cas.read(QueueDone, keys.queue_done(queue, unit))
+        if found is None:
+            return None, "", ""
+        done = found.record
+        if done is None:
+            return None, found.problem or "does not parse", found.token
+        if done.queue != queue or done.unit != unit:
+            return None, f"names unit {done.unit} of queue {done.queue!r}", found.token
+        return done, "", found.token
 
     def read_claim(self, queue: str, unit: int) -> tuple[QueueClaim | None, str] | None:
         """A unit's claim and its version token; ``(None, token)`` for one that does not parse or
@@ -50,9 +103,30 @@ class QueueRecords:
         return self._cas.swap(keys.queue_claim(claim.queue, claim.unit), claim, expected_token)
 
     def create_done(self, done: QueueDone) -> bool:
-        """Record that a unit was trained to its end; False when it was already (create-once)."""
-        try:
-            self._cas.create(keys.queue_done(done.queue, done.unit), done)
-        except RecordExists:
-            return False
+        """Record that a unit was trained to its end; False when a valid marker was there already
+        (create-once). An invalid marker there is written over by compare-and-swap."""
+        location = keys.queue_done(done.queue, done.unit)
+        for _ in range(_SWAP_TRIES):
+            try:
+                self._cas.create(location, done)
+                return self._remember(done)
+            except RecordExists:
+                pass
+            found, problem, token = self._read_done(done.queue, done.unit)
+            if found is not None:
+                self._done.setdefault(done.queue, {})[done.unit] = found
+                return False
+            if not token:  # deleted between our create and our read: create again
+                continue
+            try:
+                self._cas.swap(location, done, token)
+            except (VersionConflict, KeyNotFound):
+                continue
+            log.warning("queue %s: wrote over unit %d's invalid done marker (%s)", done.queue, done.unit, problem)
+            return self._remember(done)
+        return False
+
+    def _remember(self, done: QueueDone) -> bool:
+        self._done.setdefault(done.queue, {})[done.unit] = done
+        self._invalid.get(done.queue, {}).pop(done.unit, None)
         return True

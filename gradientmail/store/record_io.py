@@ -92,6 +92,12 @@ class RecordIO:
                 found.append((name, parsed))
         return found
 
+    def stray_names(self, prefix: str = "") -> tuple[int, list[str]]:
+        """How many names are under ``prefix`` (one LIST), and those that are no key of the
+        layout, whether or not a listing skipped them before (what ``audit`` reports)."""
+        names = self.mailbox.list(prefix)
+        return len(names), [name for name in names if keys.parse_key(name) is None]
+
     def clock_sample(self, location: str, sent: float, returned: float, token: str | None = None) -> ClockSample | None:
         """The clock sample of the write to ``location`` that was sent at ``sent`` and answered
         at ``returned``: a HEAD for the store's stamp of it (None: no stamp, or, given the

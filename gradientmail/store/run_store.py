@@ -203,6 +203,11 @@ class RunStore:
         the key layout (``keys.parse_key``); a name that is none is skipped and reported."""
         return self._io.listed(prefix)
 
+    def stray_names(self, prefix: str = "") -> tuple[int, list[str]]:
+        """How many names are under ``prefix``, and those that are no key of the layout, found
+        by this LIST itself (not by what listings before skipped)."""
+        return self._io.stray_names(prefix)
+
     # -- manifest ------------------------------------------------------------------
     def read_manifest(self, *, verify: bool = True) -> Manifest | None:
         """The run's manifest, None if there is none. ``verify=False`` skips the MAC check (to
