@@ -20,6 +20,7 @@ from gradientmail.mailbox import FileMailbox
 from gradientmail.records import keys
 from gradientmail.session.resume import LearnerState, StateFile, StateInMailbox
 from gradientmail.store import RunStore, max_state_bytes
+from testing.mailbox_run import create_run
 from tests.resume_proc import moments_digest
 from tests.run_procs import ROOT, wait_until
 
@@ -94,9 +95,9 @@ def test_the_random_generators_and_step_count_come_back_after_a_clean_close(tmp_
     torch.set_rng_state(state)
     torch.manual_seed(123)  # the process moves on: a restart would not have this state
     if where != "directory":
-        record = RunStore(FileMailbox(tmp_path / "box")).states.read("a", max_bytes=2**30)
+        record = RunStore(FileMailbox(tmp_path / "box")).states.read_record("a")
         assert record is not None
-        assert record[0].state.encoding == ("zstd-shuffle" if "compressed" in where else None)
+        assert record.state.encoding == ("zstd-shuffle" if "compressed" in where else None)
     with session() as second:
         assert second.steps_before == 7 and second.total_steps == 7
         assert torch.equal(torch.rand(3), after_close)
@@ -132,17 +133,18 @@ def test_the_state_file_is_replaced_atomically(tmp_path):
     assert time.time() - (tmp_path / "a.state").stat().st_mtime < 60
 
 
-def test_a_state_in_the_mailbox_keeps_one_save_and_nothing_dropped_there_stops_a_learner(tmp_path, caplog):
+def test_a_state_in_the_mailbox_keeps_two_saves_and_nothing_dropped_there_stops_a_learner(tmp_path, caplog):
     """``state_dir="mailbox"``: each save writes a new blob, then the record naming it, then
-    deletes the older blobs. A record that is garbage, names another learner's blob, or (in a
-    signed run) is not signed is ignored with a warning: the learner starts fresh."""
+    deletes the older blobs but the one before (what contributions since name). A record that
+    is garbage, names another learner's blob, or (in a signed run) is not signed is ignored
+    with a warning: the learner starts fresh."""
     box = FileMailbox(tmp_path / "box")
     state = LearnerState(StateInMailbox(RunStore(box), "a"), "a")
-    state.save("r", 10, [])
-    state.save("r", 20, [])
-    assert state.load("r")["total_steps"] == 20
+    for steps in (10, 20, 30):
+        state.save("r", steps, [])
+    assert state.load("r")["total_steps"] == 30
     blobs = [k for k in box.list(keys.learner_state_prefix("a")) if k.endswith(".state")]
-    assert len(blobs) == 1 and "000000000020-" in blobs[0]
+    assert len(blobs) == 2 and "000000000020-" in blobs[0] and "000000000030-" in blobs[1]
 
     LearnerState(StateInMailbox(RunStore(box), "b"), "b").save("r", 5, [])
     foreign = box.get(keys.learner_state_record("b"))
@@ -157,6 +159,58 @@ def test_a_state_in_the_mailbox_keeps_one_save_and_nothing_dropped_there_stops_a
     with caplog.at_level("WARNING"):
         assert signed.load("r") is None  # b's record is unsigned
     assert "ignoring the saved state of b" in caplog.text
+
+
+def test_a_replayed_older_state_record_and_blob_are_not_resumed_from(tmp_path, caplog):
+    """Issue 43, case 3: a bucket writer without the run key keeps a learner's signed state
+    record and blob of step 5 and puts both back after the learner saved later ones. The
+    learner's contributions (create-once, signed) name its newest save, so the restart resumes
+    from the newer save they name, with a warning, not from step 5."""
+    options = gm.SessionOptions(lease_ttl_s=1.0, poll_interval_s=0.05, state_dir="mailbox", save_state_every=5)
+    box = FileMailbox(tmp_path / "box")
+    algorithm = gm.DiLoCo(sync_every=5, fragments=1)
+
+    def session() -> gm.Session:
+        model = {"w": torch.zeros(3).numpy()}
+        return gm.Session(model, algorithm=algorithm, mailbox=box.url, learner_id="a", options=options, run_key="k" * 32)
+
+    with session() as first:
+        for _ in range(5):
+            first.step()
+        record_key = keys.learner_state_record("a")
+        old_record = box.get(record_key)
+        old_blob_key = json.loads(old_record)["state"]["key"]
+        old_blob = box.get(old_blob_key)
+        for _ in range(7):
+            first.step()
+    box.put(record_key, old_record)
+    box.put(old_blob_key, old_blob)
+    with caplog.at_level("WARNING"), session() as second:
+        assert second.steps_before in (10, 12), second.steps_before
+    assert "its contributions name a save at step" in caplog.text
+
+
+class _Moments:
+    """A registered object whose state is ``mib`` MiB of fp32 (an optimizer's moments)."""
+
+    def __init__(self, mib: int) -> None:
+        self.tensor = torch.ones(mib * 2**18)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"t": self.tensor}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.tensor = state["t"]
+
+
+def test_a_state_past_the_slack_loads_as_the_session_opens_before_it_holds_the_spec(tmp_path):
+    """The bound is the run's model's (read from the mailbox's manifest when the session does not
+    hold the spec yet, as when it resumes while opening), not the 64 MiB slack alone."""
+    run = create_run(FileMailbox(tmp_path / "box"), model={"w": (100_000,)})
+    assert max_state_bytes(0) < 66 * 2**20 < max_state_bytes(run.spec.model_bytes)
+    LearnerState(StateInMailbox(run.store, "a"), "a").save("r", 10, [_Moments(66)])
+    state = LearnerState(StateInMailbox(RunStore(run.box), "a"), "a").load("r")
+    assert state is not None and state["total_steps"] == 10
 
 
 def _forged_state(box: FileMailbox, learner: str, **state: object) -> None:

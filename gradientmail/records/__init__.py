@@ -25,6 +25,7 @@ from gradientmail.records.models import (
     RoundContent,
     RoundRecord,
     RoundTiming,
+    SavedState,
 )
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "Head",
     "QueueClaim",
     "LearnerStateRecord",
+    "SavedState",
     "QueueDone",
     "BarrierArrival",
     "check_learner_id",

@@ -219,6 +219,17 @@ class Realignment(BaseModel):
     """The version the learner re-aligned to."""
 
 
+class SavedState(BaseModel):
+    """A learner's newest state saved in the mailbox (``state_dir="mailbox"``), as its
+    contributions name it: the resume point a replayed older state record cannot undo, since
+    contributions are create-once, signed and merged into the hash chain (docs/session.md,
+    "Learner state")."""
+
+    model_config = _STRICT
+    total_steps: int = Field(ge=0)
+    state: PayloadRef
+
+
 class Contribution(Record):
     """A learner's delta (anchor − local parameters) for one fragment, against one version."""
 
@@ -241,6 +252,8 @@ class Contribution(Record):
     """Published on close (flush): a round made only of final contributions skips momentum."""
     step_time_s: float | None = Field(default=None, ge=0, le=86400)
     """The learner's smoothed seconds per local step, for the grace window."""
+    saved_state: SavedState | None = None
+    """The learner's newest state saved in the mailbox as of this publish (None without one)."""
     created_at: str = Field(default_factory=utc_now)
 
 

@@ -35,7 +35,7 @@ from gradientmail.algorithms import align
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.errors import DuplicateLearner, GradientMailError, KeyNotFound
 from gradientmail.polling import PollingLoop, idle_interval
-from gradientmail.records import Lease, RoundRecord
+from gradientmail.records import Lease, RoundRecord, SavedState
 from gradientmail.session.commit_reader import CommitReader
 from gradientmail.session.feedback import encode_delta, settle_residual
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
@@ -97,6 +97,7 @@ class Exchange:
         schedule: Callable[[], LearnerSchedule] | None = None,
         own_bulletin: Callable[[], RoundsBulletin | None] | None = None,
         store_clock: StoreClock | None = None,
+        saved_state: Callable[[], SavedState | None] | None = None,
     ) -> None:
         self._store = store
         self._spec = spec
@@ -122,6 +123,8 @@ class Exchange:
         """When this learner looks for news (``session.looking``): the rules' state, on this clock."""
         self._schedule = schedule or (lambda: _NO_SCHEDULE)
         self._own_bulletin = own_bulletin or (lambda: None)
+        self._saved_state = saved_state or (lambda: None)
+        """The learner's newest save in the mailbox, which each contribution names (``session.resume``)."""
         learner = algorithm if algorithm is not None else spec.algorithm
         self._carry = bool(learner.carry_unmerged)
         self._overlap_steps = learner.overlap_steps
@@ -334,6 +337,7 @@ class Exchange:
             publication.counts,
             first_sequence=self._next_sequence,
             compress=self._spec.algorithm.payload_compression == "zstd",
+            saved_state=self._saved_state(),
         )
         self._next_sequence = published.key.sequence + 1
         self.bytes_published += published.size_bytes

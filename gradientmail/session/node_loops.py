@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, get_backend
 from gradientmail.polling import PollingLoop
+from gradientmail.records import SavedState
 from gradientmail.session.exchange import Exchange
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.looking import LearnerSchedule
@@ -59,6 +60,7 @@ class NodeLoops:
         algorithm: DiLoCo | None = None,
         run_syncer: bool = True,
         schedule: Callable[[], LearnerSchedule] | None = None,
+        saved_state: Callable[[], SavedState | None] | None = None,
     ) -> None:
         self.store_clock = StoreClock()
         """The store's clock as this node knows it: sampled by its lease writes, read by its lease
@@ -79,6 +81,7 @@ class NodeLoops:
             schedule=schedule,
             own_bulletin=self._own_bulletin,
             store_clock=self.store_clock,
+            saved_state=saved_state,
         )
         self.syncer: SyncerRuntime | None = None
         if run_syncer:

@@ -29,6 +29,15 @@ Nothing in the bucket stops a learner: a state in the mailbox that does not read
 the learner starts fresh. A local file is the learner's own: one that does not load is an
 ``InvalidConfig`` naming it. A save larger than that bound is refused with an ``InvalidConfig``
 when it is written, not discovered at the restart.
+
+A state in the mailbox is newest-wins by its steps, by a sequence a replay cannot undo: each
+contribution the learner publishes names its newest save (``Contribution.saved_state``), and a
+restart resumes from the newer of the state record and what its newest contributions name
+(``store.newest_resume_point``), so an older record (and blob) put back is not resumed from. A
+save keeps the one before it (which the contributions published since name), so a replay
+costs at most the steps between two saves; when the save named is gone too, the learner starts
+fresh with a warning. The check reads the learner's newest contribution of each fragment, so it
+holds while those are kept (retention keeps a merged one ``audit_rounds`` rounds).
 """
 
 from __future__ import annotations
@@ -46,8 +55,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from gradientmail.errors import GradientMailError, InvalidConfig
-from gradientmail.records import keys
-from gradientmail.store import RunSpec, RunStore, max_state_bytes
+from gradientmail.records import SavedState, keys
+from gradientmail.store import RunSpec, RunStore, max_state_bytes, newest_resume_point
 
 __all__ = ["MAILBOX", "STATE_FORMAT", "LearnerState", "StateFile", "StateInMailbox", "Stateful", "learner_state"]
 
@@ -82,6 +91,8 @@ class StateFile:
         self.path = Path(directory) / f"{learner_id}.state"
         self.where = str(self.path)
         self.trusted = True
+        self.newest: SavedState | None = None
+        """Only a state in the mailbox is named by contributions."""
         """The learner's own file: one that does not load is a configuration error."""
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
@@ -115,13 +126,26 @@ class StateInMailbox:
         self.where = f"the mailbox ({keys.learner_state_record(learner_id)})"
         self.trusted = False
         """Anyone with bucket access may have written it: one that does not load is ignored."""
+        self.newest: SavedState | None = None
+        """The save this learner last wrote or resumed from, which its contributions name."""
 
     @staticmethod
     def _max_bytes(spec: RunSpec | None) -> int:
         return max_state_bytes(spec.model_bytes if spec is not None else 0)
 
-    def write(self, run_id: str, total_steps: int, data: bytes) -> None:
+    def _spec(self) -> RunSpec | None:
+        """The run's spec: ``run()``, or before the session holds it (a resume happens as the
+        session opens) the mailbox's own; None where there is no run yet."""
         spec = self._run()
+        if spec is None:
+            try:
+                spec = self._store.read_spec()
+            except GradientMailError:
+                return None
+        return spec
+
+    def write(self, run_id: str, total_steps: int, data: bytes) -> None:
+        spec = self._spec()
         limit = self._max_bytes(spec)
         if len(data) > limit:
             raise InvalidConfig(
@@ -130,15 +154,34 @@ class StateInMailbox:
                 "for this run's model (store.max_state_bytes); save large objects elsewhere or use a local state_dir",
             )
         compress = spec is not None and spec.algorithm.payload_compression == "zstd"
-        self._store.states.save(self._learner, run_id, total_steps, data, compress=compress)
+        before = self.newest.state.key if self.newest is not None else None  # what contributions name until the next
+        self.newest = self._store.states.save(self._learner, run_id, total_steps, data, compress=compress, keep=before)
 
     def read(self) -> bytes | None:
+        spec = self._spec()
+        limit = self._max_bytes(spec)
+        states = self._store.states
         try:
-            found = self._store.states.read(self._learner, max_bytes=self._max_bytes(self._run()))
+            record = states.read_record(self._learner)
+            recorded = None if record is None else SavedState(total_steps=record.total_steps, state=record.state)
+            named = self._store.newest_saved_state(self._learner, len(spec.fragments)) if spec is not None else None
+            resume = newest_resume_point(recorded, named)
+            if resume is None:
+                return None
+            if resume is not recorded:
+                log.warning(
+                    "the state record of %s in the mailbox is at step %s, but its contributions name a save at step %d: "
+                    "resuming from that one (the record was put back or removed)",
+                    self._learner,
+                    "none" if recorded is None else recorded.total_steps,
+                    resume.total_steps,
+                )
+            data = states.read_state(self._learner, resume, max_bytes=limit)
         except (GradientMailError, MemoryError) as exc:
             log.warning("ignoring the saved state of %s in the mailbox: %s", self._learner, exc)
             return None
-        return None if found is None else found[1]
+        self.newest = resume
+        return data
 
 
 def learner_state(state_dir: str | None, store: RunStore, name: str, run: Callable[[], RunSpec | None]) -> LearnerState | None:
@@ -161,6 +204,12 @@ class LearnerState:
         self.saves = 0
         self.save_s = 0.0
         """Seconds spent saving so far (the training thread's cost)."""
+
+    @property
+    def newest(self) -> SavedState | None:
+        """The save in the mailbox this learner last wrote or resumed from (what its
+        contributions name); None for a local file or before any."""
+        return self._where.newest
 
     def save(
         self, run_id: str, total_steps: int, objects: Sequence[Stateful], queues: dict[str, dict[int, int]] | None = None

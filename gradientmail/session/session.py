@@ -264,6 +264,7 @@ class Session:
             algorithm=self.algorithm,
             run_syncer=self.options.elects,
             schedule=self.learner_schedule,
+            saved_state=lambda: self._state.newest if self._state is not None else None,
         )
         live = dict(self.backend.named_parameters(self.model))
         for state in fragments:

@@ -16,7 +16,7 @@ from gradientmail.store.run_store import (
     sha256_hex,
 )
 from gradientmail.store.spec import RunSpec, TensorShape
-from gradientmail.store.state_records import max_state_bytes
+from gradientmail.store.state_records import max_state_bytes, newest_resume_point
 from gradientmail.store.sweep import RetentionSweep
 
 __all__ = [
@@ -45,4 +45,5 @@ __all__ = [
     "RoundsBulletin",
     "UNKNOWN_HEAD",
     "max_state_bytes",
+    "newest_resume_point",
 ]

@@ -45,6 +45,7 @@ from gradientmail.records import (
     Record,
     RoundContent,
     RoundRecord,
+    SavedState,
     keys,
 )
 from gradientmail.records.auth import RunKey
@@ -439,13 +440,15 @@ class RunStore:
         first_sequence: int = 1,
         *,
         compress: bool = False,
+        saved_state: SavedState | None = None,
     ) -> PublishedContribution:
         """Put a delta, then create its record once; returns its key, the payload's bytes and the
         record. ``delta`` is the named arrays, or a payload already encoded (a quantized one).
 
         ``first_sequence`` is the lowest sequence number to use; taken ones are skipped, so a
         restarted learner never collides with what it published before. ``compress``: named
-        arrays are stored compressed (``DiLoCo.payload_compression``).
+        arrays are stored compressed (``DiLoCo.payload_compression``). ``saved_state``: the
+        learner's newest state saved in the mailbox, which the record names (``store.states``).
 
         Raises:
             GradientMailError: the record exists after all (a second process uses this id).
@@ -471,6 +474,7 @@ class RunStore:
             step_time_s=counts.step_time_s,
             carried_steps=counts.carried_steps,
             realigned=counts.realigned,
+            saved_state=saved_state,
         )
         try:
             self._mailbox.create(key.record, self._io.encode(key.record, contribution))
@@ -482,6 +486,30 @@ class RunStore:
         """Learners with a contribution against ``base_version`` of ``fragment`` (one LIST)."""
         listed = (parsed for _, parsed in self.listed(keys.contributions_prefix(fragment, base_version)))
         return {parsed.learner for parsed in listed if isinstance(parsed, keys.ContributionKey)}
+
+    def newest_saved_state(self, learner: str, fragments: int) -> SavedState | None:
+        """The newest learner state ``learner``'s newest contributions name (one LIST and at most
+        one GET per fragment): the resume point a replayed state record cannot undo. A
+        contribution that does not read or verify names nothing."""
+        newest: SavedState | None = None
+        for fragment in range(fragments):
+            own = [key for key in self.contributions(fragment) if key.learner == learner]
+            if not own:
+                continue
+            latest = max(own, key=lambda key: (key.base_version, key.sequence))
+            try:
+                contribution = self.read_contribution(latest)
+            except (InvalidRecord, KeyNotFound) as exc:
+                log.warning("learner %s's contribution %s names no saved state: %s", learner, latest.record, exc)
+                continue
+            named = contribution.saved_state
+            if (
+                contribution.learner == learner
+                and named is not None
+                and (newest is None or named.total_steps > newest.total_steps)
+            ):
+                newest = named
+        return newest
 
     # -- contributions: the syncer's side -------------------------------------------
     def contributions(self, fragment: int) -> list[keys.ContributionKey]:

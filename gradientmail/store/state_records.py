@@ -5,6 +5,11 @@ leaves the previous save whole), then the learner's older saves deleted. A read 
 record (signed in a signed run, the learner's, naming a blob of the learner's own prefix, of no
 more bytes than ``max_state_bytes`` allows for the run's model) and the blob (size, sha256)
 before anything is fetched past that bound or unpickled.
+
+The record is rewritten at every save, so a bucket writer can put an older one back (and its
+blob). What a replay cannot undo is the learner's contributions: each names the newest save as
+of its publish (``Contribution.saved_state``), create-once and signed. ``newest_resume_point``
+is the rule a resume follows: the newer of the record and what its newest contributions name.
 """
 
 from __future__ import annotations
@@ -14,11 +19,17 @@ import uuid
 from collections.abc import Callable
 
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
-from gradientmail.records import LearnerStateRecord, PayloadRef, keys
+from gradientmail.records import LearnerStateRecord, PayloadRef, SavedState, keys
 from gradientmail.store.cas import CasRecords
 from gradientmail.store.record_io import RecordIO
 
-__all__ = ["STATE_BYTES_PER_MODEL_BYTE", "STATE_SLACK_BYTES", "LearnerStateRecords", "max_state_bytes"]
+__all__ = [
+    "STATE_BYTES_PER_MODEL_BYTE",
+    "STATE_SLACK_BYTES",
+    "LearnerStateRecords",
+    "max_state_bytes",
+    "newest_resume_point",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +50,14 @@ def max_state_bytes(model_bytes: int) -> int:
     return STATE_BYTES_PER_MODEL_BYTE * max(0, model_bytes) + STATE_SLACK_BYTES
 
 
+def newest_resume_point(recorded: SavedState | None, named: SavedState | None) -> SavedState | None:
+    """Which save a learner resumes from: the state record's, unless its newest contributions name
+    a later one (the record is then a replay of an older save, or gone). Ties go to the record."""
+    if named is None or (recorded is not None and recorded.total_steps >= named.total_steps):
+        return recorded
+    return named
+
+
 class LearnerStateRecords:
     """Every learner's saved state in one run (``RunStore.states``). ``put_blob(key, data,
     compress)`` and ``read_blob(ref)`` are the store's verified blobs."""
@@ -56,34 +75,46 @@ class LearnerStateRecords:
         self._put_blob = put_blob
         self._read_blob = read_blob
 
-    def save(self, learner: str, run_id: str, total_steps: int, data: bytes, *, compress: bool = False) -> None:
-        """Put a learner's saved state (``compress``: stored compressed, mostly fp32 tensors)."""
+    def save(
+        self, learner: str, run_id: str, total_steps: int, data: bytes, *, compress: bool = False, keep: str | None = None
+    ) -> SavedState:
+        """Put a learner's saved state (``compress``: stored compressed, mostly fp32 tensors);
+        what the learner's next contributions name (``Contribution.saved_state``). Older saves
+        are deleted but ``keep`` (the one before, which contributions published since name)."""
         blob = keys.learner_state_blob(learner, total_steps, uuid.uuid4().hex[:8])
         ref = self._put_blob(blob, data, compress)
         record = LearnerStateRecord(learner=learner, run_id=run_id, total_steps=total_steps, state=ref)
         self._cas.put(keys.learner_state_record(learner), record)
         for key, parsed in self._io.listed(keys.learner_state_prefix(learner)):
-            if isinstance(parsed, keys.LearnerStateKey) and parsed.blob and key != blob:
+            if isinstance(parsed, keys.LearnerStateKey) and parsed.blob and key not in (blob, keep):
                 try:
                     self._io.mailbox.delete(key)
                 except GradientMailError as exc:  # a learner without delete permission: the old save stays
                     log.warning("could not delete the older learner state %s: %s", key, exc)
+        return SavedState(total_steps=total_steps, state=ref)
 
-    def read(self, learner: str, *, max_bytes: int) -> tuple[LearnerStateRecord, bytes] | None:
-        """A learner's newest saved state, checked; None when it has none. ``InvalidRecord`` (also
-        for a record declaring more than ``max_bytes``, before anything is fetched),
-        ``CorruptPayload`` or ``KeyNotFound`` (the blob is gone) otherwise."""
+    def read_record(self, learner: str) -> LearnerStateRecord | None:
+        """A learner's state record, checked (signed, the learner's, naming a state blob of the
+        learner's own prefix); None when it has none; ``InvalidRecord`` otherwise."""
         location = keys.learner_state_record(learner)
         try:
             record, _ = self._io.read(LearnerStateRecord, location)
         except KeyNotFound:
             return None
-        named = keys.parse_key(record.state.key)
-        if record.learner != learner or not (isinstance(named, keys.LearnerStateKey) and named.blob and named.learner == learner):
-            raise InvalidRecord(f"learner state record at {location} names {record.state.key!r}, not a state of {learner}")
-        if record.state.size_bytes > max_bytes:
+        if record.learner != learner:
+            raise InvalidRecord(f"learner state record at {location} is {record.learner}'s, not {learner}'s")
+        return record
+
+    def read_state(self, learner: str, saved: SavedState, *, max_bytes: int) -> bytes:
+        """The bytes of one saved state of ``learner``, checked before anything is fetched: a blob
+        of the learner's own prefix declaring at most ``max_bytes``. ``InvalidRecord``,
+        ``CorruptPayload`` or ``KeyNotFound`` (the blob is gone)."""
+        named = keys.parse_key(saved.state.key)
+        if not (isinstance(named, keys.LearnerStateKey) and named.blob and named.learner == learner):
+            raise InvalidRecord(f"the learner state named {saved.state.key!r} is not a state of {learner}")
+        if saved.state.size_bytes > max_bytes:
             raise InvalidRecord(
-                f"learner state record at {location} declares {record.state.size_bytes} bytes, "
+                f"the learner state {saved.state.key} declares {saved.state.size_bytes} bytes, "
                 f"more than the {max_bytes} a learner state of this run may hold"
             )
-        return record, self._read_blob(record.state)
+        return self._read_blob(saved.state)
