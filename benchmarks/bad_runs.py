@@ -36,11 +36,12 @@ import numpy as np
 
 import gradientmail as gm
 from gradientmail.audit import DigestLog, audit_run
-from gradientmail.records import RoundRecord, keys
+from gradientmail.records import LearnerStateRecord, RoundRecord, keys
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import newest_readable
 from gradientmail.session.queue import WorkQueue
-from gradientmail.store import LearnerLease
+from gradientmail.session.resume import StateInMailbox
+from gradientmail.store import LearnerLease, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.syncer.bounds import MIN_HISTORY, MIN_ROUNDS, NORM_RATIO, SAMPLES_PER_STEP_RATIO
 from testing.mailbox_run import FRAGMENT, HONEST, LEASE_TTL_S, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
@@ -349,6 +350,39 @@ def _junk_done_markers(run: Run) -> Planted:
     return Planted(run.syncer, audit_clean=clean, check=check)
 
 
+def _replayed_learner_state(run: Run) -> Planted:
+    """Alice's signed state record and blob of step 10 kept, and put back after she saved step 20
+    and published a contribution naming it (issue 43, case 3): her restart must resume from
+    step 20, not be rolled back to 10."""
+    state = StateInMailbox(run.store, "alice", lambda: run.spec)
+    state.write(run.spec.manifest.run_id, 10, b"alice's state at step 10")
+    record_key = keys.learner_state_record("alice")
+    old_record = run.box.get(record_key)
+    old_blob_key = LearnerStateRecord.model_validate_json(old_record).state.key
+    old_blob = run.box.get(old_blob_key)
+    state.write(run.spec.manifest.run_id, 20, b"alice's state at step 20")
+    run.publish("alice", saved_state=state.newest)
+    run.box.put(record_key, old_record)
+    run.box.put(old_blob_key, old_blob)
+    found = StateInMailbox(RunStore(run.box, run.key), "alice", lambda: run.spec).read()
+    outcome = {b"alice's state at step 20": "resumed at step 20", b"alice's state at step 10": "rolled back to 10"}.get(
+        found or b"", f"read {found!r:.60}"
+    )
+
+    def check(after: Run) -> tuple[bool, str]:
+        return outcome == "resumed at step 20", outcome
+
+    return Planted(run.syncer, check=check)
+
+
+def _stray_name_skipped_before(run: Run) -> Planted:
+    """A stray name under ``queues/`` that the node's own store has already skipped and counted
+    (issue 43, case 9): the audit run on that same store must still fail."""
+    run.box.put("queues/shards/done/7.json", b"x")
+    run.store.listed("queues/shards/done/")
+    return Planted(run.syncer, audit_clean=_audit_clean(run))
+
+
 def _rollback_after_collection(run: Run) -> Planted:
     """The newest record deleted and re-committed by a successor (a rollback of one version), then
     enough rounds for retention to collect the evidence: the plain audit passes, one with the
@@ -397,6 +431,10 @@ RUN_CASES: tuple[RunCase, ...] = (
     RunCase("duplicate_learner_id", "two processes with one learner id", _duplicate_learner_id, "ok"),
     RunCase("replayed_own_lease", "a learner's own older signed lease put back", _replayed_own_lease, "ok", signed=True),
     RunCase("junk_done_markers", "eight 2-byte objects at a work queue's done keys", _junk_done_markers, "fail", signed=True),
+    RunCase(
+        "replayed_learner_state", "a learner's older state record and blob put back", _replayed_learner_state, "ok", signed=True
+    ),
+    RunCase("stray_name_skipped_before", "a stray name the node's store already skipped", _stray_name_skipped_before, "fail"),
     RunCase("rollback_after_collection", "a one-version rollback, retention collects it", _rollback_after_collection, "fail"),
 )
 

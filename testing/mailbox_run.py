@@ -18,7 +18,7 @@ import numpy as np
 import gradientmail as gm
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import ForwardingMailbox, Mailbox
-from gradientmail.records import keys
+from gradientmail.records import SavedState, keys
 from gradientmail.records.auth import RunKey
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.store import Arrays, ContributionCounts, LearnerLease, Retention, RunSpec, RunStore, StoredRound
@@ -156,14 +156,16 @@ class Run:
         steps: int = STEPS,
         samples: int = SAMPLES,
         version: int | None = None,
+        saved_state: SavedState | None = None,
     ) -> keys.ContributionKey:
-        """What an honest learner does: renew its lease, publish its delta through the store."""
+        """What an honest learner does: renew its lease, publish its delta through the store
+        (naming ``saved_state``, its newest state saved in the mailbox, as a session does)."""
         base = self.newest() if version is None else version
         lease = self.leases.setdefault(learner, LearnerLease(self.store, learner, LEASE_TTL_S))
         lease.renew({})
         delta = delta if delta is not None else self.honest_delta(learner, base)
         return self.store.publish_contribution(
-            learner, FRAGMENT, base, delta, ContributionCounts(steps, samples, step_time_s=0.1)
+            learner, FRAGMENT, base, delta, ContributionCounts(steps, samples, step_time_s=0.1), saved_state=saved_state
         ).key
 
     def publish_honest(self) -> dict[str, keys.ContributionKey]:
