@@ -12,8 +12,9 @@ What it checks (docs/protocol.md, "Audit"), per fragment:
 * every round inside the audit window replays to the committed bytes, and no contribution is
   merged twice.
 
-Beside the fragments: every work queue's done markers are valid records (INV-24), and every
-object under the layout's folders is a key of the layout (listed by the audit itself).
+Beside the fragments: every work queue's claims and done markers (INV-24) and every barrier
+arrival are valid records, and every object under the layout's folders is a key of the layout
+(listed by the audit itself).
 
 Failures are listed and counted; warnings (a lease that does not verify, versions retention
 has yet to collect) are listed but do not fail the audit.
@@ -148,6 +149,7 @@ def audit_run(
             digest_log.check(fragment, stored, report)
     _audit_leases(store, report)
     _audit_queues(store, report)
+    _audit_barriers(store, report)
     _audit_names(store, report)
     if digest_log is not None and report.clean:
         digest_log.save()
@@ -329,16 +331,30 @@ def _audit_names(store: RunStore, report: AuditReport) -> None:
 
 
 def _audit_queues(store: RunStore, report: AuditReport) -> None:
-    """Every done marker of every work queue is valid (INV-24): one that is not was written
-    outside the protocol, and its unit is trained again."""
+    """Every claim and done marker of every work queue is a valid record (INV-24): one that is
+    not was written outside the protocol (its unit is taken over, or trained again)."""
     for queue in store.queues.queue_names():
-        store.queues.units(queue)
+        claimed, _ = store.queues.units(queue)
         invalid = store.queues.invalid_done(queue)
+        bad_claims = [unit for unit in sorted(claimed) if (found := store.queues.read_claim(queue, unit)) and found[0] is None]
         if invalid:
             shown = "; ".join(f"unit {unit}: {problem[:120]}" for unit, problem in sorted(invalid.items())[:5])
             report.fail(f"queue {queue}: {len(invalid)} done markers are not valid records (the units stay open): {shown}")
+        if bad_claims:
+            report.fail(f"queue {queue}: {len(bad_claims)} claims are not valid records (taken over): units {bad_claims[:10]}")
+        if not invalid and not bad_claims:
+            report.ok(f"queue {queue}: every claim and done marker is a valid record")
+
+
+def _audit_barriers(store: RunStore, report: AuditReport) -> None:
+    """Every barrier arrival is its node's signed arrival at its barrier (nodes count no other)."""
+    for barrier in store.barriers.barrier_names():
+        nodes = store.barriers.nodes(barrier)
+        bad = sorted(node for node in nodes if store.barriers.read_arrival(barrier, node) is None)
+        if bad:
+            report.fail(f"barrier {barrier}: {len(bad)} arrivals are not valid records (counted as no party): {bad[:10]}")
         else:
-            report.ok(f"queue {queue}: every done marker is a valid record")
+            report.ok(f"barrier {barrier}: all {len(nodes)} arrivals are valid records")
 
 
 def _audit_leases(store: RunStore, report: AuditReport) -> None:

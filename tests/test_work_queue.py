@@ -202,6 +202,20 @@ def test_a_done_marker_another_learner_wrote_first_still_wins(tmp_path):
     assert QueueDone.model_validate_json(run.box.get(keys.queue_done("shards", 0))).holder == "a"
 
 
+def test_a_junk_claim_or_barrier_arrival_fails_the_audit(tmp_path):
+    """INV-24: nodes take a junk claim over and count a junk arrival as no party; the audit says
+    the bucket was written outside the protocol."""
+    run = signed_run(tmp_path)
+    run.box.put(keys.queue_claim("shards", 1), b"{}")
+    run.box.put(keys.barrier_arrival("start", "n1"), b"{}")
+    failures = audit_run(RunStore(run.box, run.key), run.spec).failures
+    assert any("queue shards: 1 claims are not valid" in line for line in failures), failures
+    assert any("barrier start: 1 arrivals are not valid" in line for line in failures), failures
+    assert drain(run.store, "a", 2) == [0, 1]  # the junk claim taken over
+    run.box.delete(keys.barrier_arrival("start", "n1"))
+    assert audit_run(RunStore(run.box, run.key), run.spec).failures == []
+
+
 def test_the_audit_lists_names_itself_so_a_name_a_node_skipped_before_still_fails_it(tmp_path):
     """Issue 43, case 9: the store a node keeps counts each stray name once; the audit run on that
     same store still finds it, wherever it lies in the run (queues/, states/ or barriers/ too)."""

@@ -52,6 +52,10 @@ class BarrierRecords:
         self._io.mailbox.put(location, b"{}")
         return self._io.clock_sample(location, sent, clock())
 
+    def barrier_names(self) -> list[str]:
+        """The barriers with a record in the mailbox (one LIST of them all)."""
+        return sorted({parsed.barrier for _, parsed in self._io.listed(keys.BARRIERS) if isinstance(parsed, keys.BarrierKey)})
+
     def nodes(self, barrier: str) -> set[str]:
         """The nodes with an arrival listed at ``barrier`` (one LIST; not yet read or verified)."""
         return {
