@@ -91,9 +91,9 @@ class StateFile:
         self.path = Path(directory) / f"{learner_id}.state"
         self.where = str(self.path)
         self.trusted = True
+        """The learner's own file: one that does not load is a configuration error."""
         self.newest: SavedState | None = None
         """Only a state in the mailbox is named by contributions."""
-        """The learner's own file: one that does not load is a configuration error."""
 
     def write(self, run_id: str, total_steps: int, data: bytes) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,8 +164,9 @@ class StateInMailbox:
         try:
             record = states.read_record(self._learner)
             recorded = None if record is None else SavedState(total_steps=record.total_steps, state=record.state)
-            named = self._store.newest_saved_state(self._learner, len(spec.fragments)) if spec is not None else None
-            resume = newest_resume_point(recorded, named)
+            fragments = range(len(spec.fragments)) if spec is not None else range(0)
+            newest = (self._store.newest_contribution(self._learner, fragment) for fragment in fragments)
+            resume = newest_resume_point(recorded, [c.saved_state for c in newest if c is not None])
             if resume is None:
                 return None
             if resume is not recorded:

@@ -11,10 +11,11 @@ verifies and names its queue and unit (INV-24). A marker that does not is skippe
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.records import QueueClaim, QueueDone, keys
-from gradientmail.store.cas import CasRecords
+from gradientmail.store.cas import CasRead, CasRecords
 from gradientmail.store.record_io import RecordIO
 
 __all__ = ["QueueRecords"]
@@ -61,29 +62,27 @@ class QueueRecords:
         verified = self._done.setdefault(queue, {})
         invalid = self._invalid.setdefault(queue, {})
         for unit in sorted(listed - verified.keys()):
-            done, problem, _ = self._read_done(queue, unit)
-            if done is not None:
-                verified[unit] = done
+            found = self._read_done(queue, unit)
+            if found is not None and found.record is not None:
+                verified[unit] = found.record
                 invalid.pop(unit, None)
-            elif problem:
+            elif found is not None:
                 if unit not in invalid:
-                    log.warning("queue %s: unit %d's done marker is not believed (%s); the unit stays open", queue, unit, problem)
-                invalid[unit] = problem
+                    log.warning("queue %s: unit %d's done marker is not believed (%s); it stays open", queue, unit, found.problem)
+                invalid[unit] = found.problem
         for unit in set(invalid) - listed:
             del invalid[unit]
         return set(verified)  # a verified marker deleted since is still done: create-once
 
-    def _read_done(self, queue: str, unit: int) -> tuple[QueueDone | None, str, str]:
-        """A unit's done marker if it is valid, else why not and its token ("" when absent)."""
+    def _read_done(self, queue: str, unit: int) -> CasRead[QueueDone] | None:
+        """A unit's done marker as found (None: absent); its ``record`` is None, with the
+        ``problem``, unless it is a valid marker of that unit."""
         found = self._cas.read(QueueDone, keys.queue_done(queue, unit))
-        if found is None:
-            return None, "", ""
-        done = found.record
-        if done is None:
-            return None, found.problem or "does not parse", found.token
-        if done.queue != queue or done.unit != unit:
-            return None, f"names unit {done.unit} of queue {done.queue!r}", found.token
-        return done, "", found.token
+        if found is None or found.record is None:
+            return found if found is None or found.problem else replace(found, problem="does not parse")
+        if found.record.queue != queue or found.record.unit != unit:
+            return replace(found, record=None, problem=f"names unit {found.record.unit} of queue {found.record.queue!r}")
+        return found
 
     def read_claim(self, queue: str, unit: int) -> tuple[QueueClaim | None, str] | None:
         """A unit's claim and its version token; ``(None, token)`` for one that does not parse or
@@ -112,21 +111,22 @@ class QueueRecords:
                 return self._remember(done)
             except RecordExists:
                 pass
-            found, problem, token = self._read_done(done.queue, done.unit)
-            if found is not None:
-                self._done.setdefault(done.queue, {})[done.unit] = found
-                return False
-            if not token:  # deleted between our create and our read: create again
+            found = self._read_done(done.queue, done.unit)
+            if found is None or not found.token:  # deleted between our create and our read: create again
                 continue
+            if found.record is not None:
+                self._remember(found.record)
+                return False
             try:
-                self._cas.swap(location, done, token)
+                self._cas.swap(location, done, found.token)
             except (VersionConflict, KeyNotFound):
                 continue
-            log.warning("queue %s: wrote over unit %d's invalid done marker (%s)", done.queue, done.unit, problem)
+            log.warning("queue %s: wrote over unit %d's invalid done marker (%s)", done.queue, done.unit, found.problem)
             return self._remember(done)
         return False
 
     def _remember(self, done: QueueDone) -> bool:
+        """Note a valid done marker (ours, or one found there); True, for ``create_done``."""
         self._done.setdefault(done.queue, {})[done.unit] = done
         self._invalid.get(done.queue, {}).pop(done.unit, None)
         return True

@@ -487,29 +487,19 @@ class RunStore:
         listed = (parsed for _, parsed in self.listed(keys.contributions_prefix(fragment, base_version)))
         return {parsed.learner for parsed in listed if isinstance(parsed, keys.ContributionKey)}
 
-    def newest_saved_state(self, learner: str, fragments: int) -> SavedState | None:
-        """The newest learner state ``learner``'s newest contributions name (one LIST and at most
-        one GET per fragment): the resume point a replayed state record cannot undo. A
-        contribution that does not read or verify names nothing."""
-        newest: SavedState | None = None
-        for fragment in range(fragments):
-            own = [key for key in self.contributions(fragment) if key.learner == learner]
-            if not own:
-                continue
-            latest = max(own, key=lambda key: (key.base_version, key.sequence))
-            try:
-                contribution = self.read_contribution(latest)
-            except (InvalidRecord, KeyNotFound) as exc:
-                log.warning("learner %s's contribution %s names no saved state: %s", learner, latest.record, exc)
-                continue
-            named = contribution.saved_state
-            if (
-                contribution.learner == learner
-                and named is not None
-                and (newest is None or named.total_steps > newest.total_steps)
-            ):
-                newest = named
-        return newest
+    def newest_contribution(self, learner: str, fragment: int) -> Contribution | None:
+        """``learner``'s newest contribution to ``fragment`` still in the mailbox (one LIST, one
+        GET); None when it has none, or that one does not read or verify (logged)."""
+        own = [key for key in self.contributions(fragment) if key.learner == learner]
+        if not own:
+            return None
+        latest = max(own, key=lambda key: (key.base_version, key.sequence))
+        try:
+            contribution = self.read_contribution(latest)
+        except (InvalidRecord, KeyNotFound) as exc:
+            log.warning("learner %s's newest contribution %s does not read: %s", learner, latest.record, exc)
+            return None
+        return contribution if contribution.learner == learner else None
 
     # -- contributions: the syncer's side -------------------------------------------
     def contributions(self, fragment: int) -> list[keys.ContributionKey]:

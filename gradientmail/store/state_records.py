@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.records import LearnerStateRecord, PayloadRef, SavedState, keys
@@ -50,12 +50,14 @@ def max_state_bytes(model_bytes: int) -> int:
     return STATE_BYTES_PER_MODEL_BYTE * max(0, model_bytes) + STATE_SLACK_BYTES
 
 
-def newest_resume_point(recorded: SavedState | None, named: SavedState | None) -> SavedState | None:
-    """Which save a learner resumes from: the state record's, unless its newest contributions name
-    a later one (the record is then a replay of an older save, or gone). Ties go to the record."""
-    if named is None or (recorded is not None and recorded.total_steps >= named.total_steps):
+def newest_resume_point(recorded: SavedState | None, named: Iterable[SavedState | None]) -> SavedState | None:
+    """Which save a learner resumes from: the state record's, unless the learner's newest
+    contributions (``named``: what each names) name a later one (the record is then a replay of
+    an older save, or gone). Ties go to the record."""
+    latest = max((saved for saved in named if saved is not None), key=lambda saved: saved.total_steps, default=None)
+    if latest is None or (recorded is not None and recorded.total_steps >= latest.total_steps):
         return recorded
-    return named
+    return latest
 
 
 class LearnerStateRecords:
