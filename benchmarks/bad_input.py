@@ -256,6 +256,12 @@ def _samples_per_step(a: Attack) -> list[Hostile]:
     return [Hostile(a.forge(samples=SAMPLES * 1000), "capped")]
 
 
+def _insiders_outlier(a: Attack) -> list[Hostile]:
+    """A learner holding the run key signs a delta 1000x an honest one (within the parameters'
+    bound): the one committed round before it bounds it (issue 43, case 6)."""
+    return [Hostile(a.forge(delta=a.delta(scale=1000.0), sign=a.run.store.key), "outlier")]
+
+
 def _unsigned(a: Attack) -> list[Hostile]:
     return [Hostile(a.forge(), "unauthenticated")]
 
@@ -319,6 +325,10 @@ CASES: tuple[Case, ...] = (
     Case("blob_larger_than_record", "blob larger than its record claims", _blob_larger_than_record, oversized="blob"),
     Case("outlier_delta_1000x", "delta 1000x the honest norm (after MIN_HISTORY)", _outlier, history=True),
     Case("samples_per_step_1000x", "samples per step 1000x honest (after MIN_HISTORY)", _samples_per_step, history=True),
+    Case("samples_per_step_1000x_young_run", "samples per step 1000x honest, one round of history", _samples_per_step),
+    Case(
+        "insider_delta_1000x_young_run", "signed run: an insider's delta 1000x honest, young run", _insiders_outlier, signed=True
+    ),
     Case("signed_run_unsigned_record", "signed run: unsigned contribution", _unsigned, signed=True),
     Case("signed_run_other_key", "signed run: record signed with another key", _other_key, signed=True),
     Case("signed_run_copied_record", "signed run: signed record copied to another key", _copied_signed_record, signed=True),

@@ -43,7 +43,13 @@ from gradientmail.session.queue import WorkQueue
 from gradientmail.session.resume import StateInMailbox
 from gradientmail.store import LearnerLease, RunStore
 from gradientmail.syncer import SyncerRuntime
-from gradientmail.syncer.bounds import MIN_HISTORY, MIN_ROUNDS, NORM_RATIO, SAMPLES_PER_STEP_RATIO
+from gradientmail.syncer.bounds import (
+    MIN_HISTORY,
+    MIN_ROUNDS,
+    NORM_RATIO,
+    SAMPLES_PER_STEP_RATIO,
+    UNSIGNED_SAMPLES_PER_STEP_RATIO,
+)
 from testing.mailbox_run import FRAGMENT, HONEST, LEASE_TTL_S, MALLORY, RUN_SECRET, SAMPLES, Run, create_run
 
 __all__ = ["RUN_CASES", "RunCase", "RunRow", "bench_run_case"]
@@ -254,21 +260,30 @@ def _forged_seed_record(run: Run) -> Planted:
 
 def _fake_id_at_the_limit(run: Run) -> Planted:
     """A third id publishing, every round, a delta just under NORM_RATIO x the largest norm the
-    round before merged: with per-contribution medians the bound climbed ~264x in 7 rounds."""
+    round before merged, claiming 1000x the samples per step: with per-contribution medians the
+    bound climbed ~264x in 7 rounds; with the signed run's samples cap in an unsigned one the fake
+    id took 64 % of each round's weight, where its fair share among two honest learners is a third."""
     honest = math.sqrt(sum(float(np.sum(v.astype(np.float64) ** 2)) for v in run.honest_delta("alice", 0).values()))
     largest = honest
-    worst = 0.0
+    worst = worst_share = 0.0
     for _ in range(FAKE_ROUNDS):
         base = run.newest()
         run.publish_honest()
-        run.publish(MALLORY, run.honest_delta(MALLORY, base, scale=0.99 * NORM_RATIO * largest / honest))
+        run.publish(MALLORY, run.honest_delta(MALLORY, base, scale=0.99 * NORM_RATIO * largest / honest), samples=SAMPLES * 1000)
         record = run.commit_next().record
         merged = [p.norm for p in record.participants if p.norm is not None]
         largest = max(merged)
         worst = max(worst, largest / honest)
+        weights = {p.learner: p.weight for p in record.participants}
+        worst_share = max(worst_share, weights.get(MALLORY, 0.0) / sum(weights.values()))
+    fair = 1 / (len(HONEST) + 1)
 
     def check(after: Run) -> tuple[bool, str]:
-        return worst <= NORM_RATIO, f"largest merged norm {worst:.1f}x honest over {FAKE_ROUNDS} rounds (bound {NORM_RATIO:g}x)"
+        ok = worst <= NORM_RATIO and worst_share <= fair + 1e-9
+        return ok, (
+            f"largest merged norm {worst:.1f}x honest over {FAKE_ROUNDS} rounds (bound {NORM_RATIO:g}x); "
+            f"the fake id's largest share {worst_share:.1%} (fair {fair:.1%})"
+        )
 
     return Planted(run.syncer, check=check)
 
@@ -280,7 +295,8 @@ def _inflated_samples_two_learners(run: Run) -> Planted:
     record = run.commit_next().record
     weights = {p.learner: p.weight for p in record.participants}
     share = weights.get(MALLORY, 0.0) / sum(weights.values())
-    bound = SAMPLES_PER_STEP_RATIO**2 / (SAMPLES_PER_STEP_RATIO**2 + 1)
+    ratio = SAMPLES_PER_STEP_RATIO if run.store.key is not None else UNSIGNED_SAMPLES_PER_STEP_RATIO
+    bound = ratio**2 / (ratio**2 + 1)  # unsigned: a fake id's fair share, half of a round of two
 
     def check(after: Run) -> tuple[bool, str]:
         return share <= bound + 1e-9, f"1000x samples carry {share:.1%} of a round of two (bound {bound:.0%})"
@@ -420,7 +436,13 @@ RUN_CASES: tuple[RunCase, ...] = (
     RunCase("squatted_next_record", "junk at the next round record's key", _squatted(signed=False), "ok"),
     RunCase("squatted_next_record_signed", "a genuine record copied to the next key", _squatted(signed=True), "ok", signed=True),
     RunCase("forged_seed_record", "a 30,000-participant record a takeover seeds from", _forged_seed_record, "fail"),
-    RunCase("fake_id_at_the_limit", "a fake id at the norm bound, 7 rounds", _fake_id_at_the_limit, "ok", hostile_merged=True),
+    RunCase(
+        "fake_id_at_the_limit",
+        "a fake id at the norm bound with 1000x samples, 7 rounds",
+        _fake_id_at_the_limit,
+        "ok",
+        hostile_merged=True,
+    ),
     RunCase(
         "inflated_samples_two_learners",
         "1000x samples in a round of two",

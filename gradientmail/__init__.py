@@ -38,7 +38,7 @@ from gradientmail.errors import (
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
 from gradientmail.records.auth import RunKey
-from gradientmail.session import Barrier, BarrierRelease, Session, SessionEvent, SessionOptions, SyncerNode, align
+from gradientmail.session import Barrier, BarrierRelease, LedgerView, Session, SessionEvent, SessionOptions, SyncerNode, align
 from gradientmail.settings import NodeSettings, session_from_env
 from gradientmail.store import Retention
 
@@ -49,6 +49,7 @@ __all__ = [
     "BarrierRelease",
     "SessionEvent",
     "SessionOptions",
+    "LedgerView",
     "SyncerNode",
     "RunKey",
     "Retention",

@@ -36,6 +36,8 @@ from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
 from gradientmail.regime import RECENT_ROUNDS, carried_work_hint, measure_work_loss, work_loss_hint
+from gradientmail.session.ledger import ledger_lines
+from gradientmail.session.progress import LEDGER
 from gradientmail.settings import describe_variables
 from gradientmail.simulate import command as simulate_command
 from gradientmail.store import RunSpec, RunStore
@@ -100,8 +102,10 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
             continue
         lease = found.lease
         state = "left" if lease.released else f"renewed {_age(lease)}"
-        info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()))
+        info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()) if k != LEDGER)
         print(f"  {lease.holder:<24} {state}  {info}")
+        for line in ledger_lines(lease.info.get(LEDGER)):
+            print(f"    {line}")
     for fragment, names in enumerate(spec.fragments):
         versions = store.committed_versions(fragment)
         newest = versions[-1] if versions else None

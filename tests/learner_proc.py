@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
         "learner": args.learner_id,
         "versions": dict(session.versions),
         "stats": session.stats.__dict__,
+        "ledger": [view.as_json() for view in session.ledger],
         "params": final,
         "joined": joined,
     }

@@ -9,7 +9,9 @@ from gradientmail.syncer.bounds import (
     NORM_RATIO,
     ROUND_CONTRIBUTION_LIMIT,
     SAMPLES_PER_STEP_RATIO,
+    UNSIGNED_SAMPLES_PER_STEP_RATIO,
     ContributionHistory,
+    round_outliers,
 )
 
 STEPS, SAMPLES, NORM = 10, 80, 1.0
@@ -42,7 +44,7 @@ def test_a_record_listing_more_participants_than_a_round_holds_teaches_nothing()
     history = ContributionHistory()
     assert not history.seed(participants([1e30] * 36_000))
     assert len(participants([1.0] * ROUND_CONTRIBUTION_LIMIT)) == ROUND_CONTRIBUTION_LIMIT
-    assert history.norm_limit(STEPS) is None and history.samples_per_step_cap([(STEPS, SAMPLES)]) is None
+    assert history.norm_limit(STEPS) is None and history.samples_per_step_cap([], signed=True) is None
 
 
 def test_one_forged_record_among_those_seeded_does_not_move_the_bounds():
@@ -54,7 +56,7 @@ def test_one_forged_record_among_those_seeded_does_not_move_the_bounds():
     history.seed(participants([NORM, NORM]), older=True)
     history.seed(participants([NORM, NORM]), older=True)
     assert history.norm_limit(STEPS) == NORM_RATIO * NORM
-    assert history.samples_per_step_cap([(STEPS, SAMPLES)]) == SAMPLES_PER_STEP_RATIO * SAMPLES / STEPS
+    assert history.samples_per_step_cap([(STEPS, SAMPLES)], signed=True) == SAMPLES_PER_STEP_RATIO * SAMPLES / STEPS
 
 
 def test_an_inflated_learner_in_a_round_of_two_carries_at_most_the_capped_share():
@@ -63,7 +65,7 @@ def test_an_inflated_learner_in_a_round_of_two_carries_at_most_the_capped_share(
     history = ContributionHistory()
     for _ in range(4):
         history.record([(STEPS, SAMPLES, NORM), (STEPS, SAMPLES * 1000, NORM)])
-    cap = history.samples_per_step_cap([(STEPS, SAMPLES), (STEPS, SAMPLES * 1000)])
+    cap = history.samples_per_step_cap([(STEPS, SAMPLES), (STEPS, SAMPLES * 1000)], signed=True)
     assert cap == SAMPLES_PER_STEP_RATIO * SAMPLES / STEPS
     honest = SAMPLES**2 / STEPS
     inflated = min(SAMPLES * 1000, cap * STEPS) ** 2 / STEPS
@@ -80,3 +82,48 @@ def test_the_parameter_bound_holds_before_history_and_caps_what_history_learns()
     for _ in range(MIN_ROUNDS):
         history.record([(STEPS, SAMPLES, 1e6)] * 3)  # a history of huge deltas cannot raise it
     assert history.norm_limit(STEPS) == 200.0
+
+
+def test_in_a_young_run_the_first_committed_round_bounds_the_next():
+    """INV-12, issue 43 case 6: one honest round known (no learned history yet), an insider's x1000
+    delta is past the bound of NORM_RATIO x the round's norm; a delta of more steps is allowed more."""
+    history = ContributionHistory()
+    history.anchor(parameter_norm=100.0, elements=4)  # the parameters' bound alone: 10,000
+    history.record([(STEPS, SAMPLES, NORM), (STEPS, SAMPLES, 2 * NORM)])
+    assert history.norm_limit(STEPS) == NORM_RATIO * NORM  # the round's lower median
+    assert history.norm_limit(4 * STEPS) == 4 * NORM_RATIO * NORM
+    history.record([(STEPS, SAMPLES, 3 * NORM)])  # a young run takes its largest round: no early small one denies
+    assert history.norm_limit(STEPS) == NORM_RATIO * 3 * NORM
+
+
+def test_a_young_round_of_zero_deltas_teaches_no_scale():
+    """A frozen fragment's rounds (every delta zero) leave only the parameters' bound."""
+    history = ContributionHistory()
+    history.anchor(parameter_norm=2.0, elements=4)
+    history.record([(STEPS, SAMPLES, 0.0)] * 2)
+    assert history.norm_limit(STEPS) == 200.0
+    assert round_outliers([(STEPS, 0.0), (STEPS, 0.0), (STEPS, 5.0)]) == []
+
+
+def test_a_round_majority_rejects_one_insiders_delta_before_any_history():
+    """INV-12, issue 43 case 6: two honest deltas and one x1000 in the first round: the round's own
+    lower median bounds it. Two contributions decide nothing (either may lie); a tiny delta
+    among three cannot push an honest one out; more steps are allowed more."""
+    assert round_outliers([(STEPS, NORM), (STEPS, 1.5 * NORM), (STEPS, 1000 * NORM)]) == [2]
+    assert round_outliers([(STEPS, NORM), (STEPS, 1000 * NORM)]) == []
+    assert round_outliers([(STEPS, NORM), (STEPS, 1.5 * NORM), (STEPS, 1e-9)]) == []
+    assert round_outliers([(STEPS, NORM), (STEPS, NORM), (10 * STEPS, 40 * NORM)]) == []
+    assert round_outliers([(STEPS, NORM), (STEPS, NORM), (STEPS, 6 * NORM)]) == []  # honest spread
+
+
+def test_an_unsigned_run_counts_a_fake_ids_samples_at_its_fair_share_from_the_first_round():
+    """INV-12, issue 43 case 7: without a run key and before any history, a fake id claiming 1000x the
+    samples per step among two honest learners weighs what one of them does (a third of the round);
+    a signed run keeps 2x the typical (4x the weight per step)."""
+    history = ContributionHistory()
+    current = [(STEPS, SAMPLES), (STEPS, SAMPLES), (STEPS, SAMPLES * 1000)]
+    unsigned = history.samples_per_step_cap(current, signed=False)
+    assert unsigned == UNSIGNED_SAMPLES_PER_STEP_RATIO * SAMPLES / STEPS
+    weights = [min(s, unsigned * n) ** 2 / n for n, s in current]
+    assert weights[2] / sum(weights) == 1 / 3
+    assert history.samples_per_step_cap(current, signed=True) == SAMPLES_PER_STEP_RATIO * SAMPLES / STEPS

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import gradientmail as gm
 from gradientmail.algorithms.diloco import weight
 from gradientmail.backends import get_backend, payload
 from gradientmail.mailbox import FileMailbox, open_mailbox
@@ -163,6 +164,11 @@ def test_every_learner_step_is_accounted_for_with_a_slow_learner(tmp_path):
             dropped = result["stats"]["dropped_at_close"][fragment]
             assert merged + realigned + dropped == steps, (learner.name, fragment, merged, realigned, dropped)
             assert dropped == 0  # flush_on_close: the last steps went out as final contributions
+            # the learner's own step ledger says the same, and balances to the step
+            ledger = gm.LedgerView.from_json(result["ledger"][fragment])
+            assert ledger is not None and ledger.balanced and ledger.trained == steps
+            assert ledger.merged == merged and ledger.dropped.get("carry_limit", 0) == realigned, ledger
+            assert ledger.carried == ledger.since_anchor == 0  # closed: nothing left pending
     stale = [r for records in history for record in records for r in record.rejected if r.reason == "stale"]
     carried = [p for records in history for record in records for p in record.participants if p.carried_steps]
     assert not stale or carried  # work that missed a round came back, carried

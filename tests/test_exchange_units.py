@@ -725,3 +725,20 @@ def test_a_huge_finite_delta_is_an_outlier_from_the_first_round(run):
     assert [p.learner for p in record.participants] == ["honest"]
     assert {r.learner: r.reason for r in record.rejected} == {"mallory": "outlier"}
     assert np.abs(committed_params(store, 1)["mlp.weight"]).max() < 10
+
+
+def test_an_insiders_x1000_delta_in_the_first_round_is_an_outlier_by_the_rounds_majority(run):
+    """INV-12, issue 43 case 6: before any history, a delta 1000x the honest ones but within the
+    parameters' bound (10 per element against parameters of 1) is rejected ``outlier`` at close by
+    the round's own lower median; the two honest deltas are merged and move the parameters as
+    they would alone."""
+    box, store, spec, syncer = run
+    contribute(store, "alice", 0, numpy_model(1.0 - 0.01), 10, 80)
+    contribute(store, "bob", 0, numpy_model(1.0 - 0.012), 10, 80)
+    contribute(store, "mallory", 0, numpy_model(1.0 - 10.0), 10, 80)
+    syncer.run_once()
+    record = store.read_round(0, 1)
+    assert sorted(p.learner for p in record.participants) == ["alice", "bob"]
+    assert {r.learner: r.reason for r in record.rejected} == {"mallory": "outlier"}
+    assert "round's typical" in record.rejected[0].detail
+    assert np.abs(committed_params(store, 1)["mlp.weight"] - 1.0).max() < 0.1

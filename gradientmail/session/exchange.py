@@ -28,6 +28,7 @@ import collections
 import logging
 import queue
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -366,7 +367,9 @@ class Exchange:
                 params = self.commits.read(index, known, fragment.known_params, record)
             if self._writes_commits:  # the learner writes them as they are: spare it a copy
                 params = _writable(params)
-            ours = any(p.learner == self._learner for p in self._round_built_on(index, known, newest, record).participants)
+            built_on = self._round_built_on(index, known, newest, record)
+            ours = any(p.learner == self._learner for p in built_on.participants)
+            rejected = next((r.reason for r in built_on.rejected if r.learner == self._learner), None)
             self._note_latency(fragment, known, ours)
             settle_residual(fragment, known, ours)
             with fragment.lock:
@@ -380,7 +383,7 @@ class Exchange:
                 base, base_params = known, fragment.known_params
             fragment.known_version, fragment.known_params = newest, params
             fragment.awaiting = False
-            commit = Commit(index, newest, params, base, merged, base_params)
+            commit = Commit(index, newest, params, base, merged, base_params, rejected=rejected)
             fragment.offer(self._with_correction(commit))
             self._on_change()
 
@@ -390,15 +393,7 @@ class Exchange:
         start = commit.carry_start
         if start is None or not align.expects_correction(self._carry, commit.merged is not None, self._overlap_steps):
             return commit
-        return Commit(
-            commit.fragment,
-            commit.version,
-            commit.params,
-            commit.base_version,
-            commit.merged,
-            commit.base_params,
-            align.carry_correction(commit.params, start),
-        )
+        return replace(commit, correction=align.carry_correction(commit.params, start))
 
     def _note_latency(self, fragment: LearnerFragment, known: int, ours: bool) -> None:
         published_at = fragment.published_at.pop(known, None)

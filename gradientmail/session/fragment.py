@@ -22,6 +22,7 @@ from gradientmail.algorithms.align import AlignmentPlan, WorkMark
 from gradientmail.backends import Backend, Tensor
 from gradientmail.backends.host import HostBuffer
 from gradientmail.records import Realignment
+from gradientmail.session.ledger import LedgerView, StepLedger
 from gradientmail.store import CommittedVersion, ContributionCounts
 
 __all__ = ["Commit", "LearnerFragment", "Publication", "Residual"]
@@ -61,6 +62,9 @@ class Commit:
     correction: dict[str, np.ndarray] | None = None
     """θ_commit − θ_start in fp32 for the start ``merged`` implies, computed on the exchange's
     thread so that alignment only adds it in place; None when it was not expected to be needed."""
+    rejected: str | None = None
+    """The reason the round built on ``base_version`` rejected a contribution of ours, if it did
+    (the step ledger's reason for work this commit replaces)."""
 
     @property
     def carry_start(self) -> Mapping[str, np.ndarray] | None:
@@ -110,6 +114,8 @@ class LearnerFragment:
     due_step: int = 0
     """The local step at which the schedule next asks for this fragment: the staircase at first,
     then ``sync_every`` steps after each alignment (the learner follows the run's rounds)."""
+    ledger: StepLedger = field(default_factory=StepLedger)
+    """Where this fragment's trained steps went (``session.ledger``)."""
 
     # -- the exchange thread's side -----------------------------------------------------
     known_version: int = -1
@@ -172,6 +178,13 @@ class LearnerFragment:
         merged = commit.merged
         if merged is not None:
             self.realigned.clear()  # the merged contribution reported them
+        reason = "carry_limit" if plan.dropped is not None else "not_carried" if merged else commit.rejected or "superseded"
+        self.ledger.aligned(
+            unmerged_before=self.unmerged_from.steps,
+            unmerged_after=plan.unmerged_from.steps,
+            merged_at=merged.taken_at.steps if merged is not None else None,
+            reason=reason,
+        )
         if plan.dropped is not None:
             dropped = plan.dropped
             self.realigned.append(
@@ -182,6 +195,18 @@ class LearnerFragment:
         self.outstanding = None
         self.due_step = schedule.next_due(steps, merged.taken_at.steps if merged is not None else None, sync_every)
         self.half_period_pending = False
+
+    def closed(self, now: WorkMark) -> int:
+        """The session closes with the model set back to a commit: the unmerged work is dropped
+        (``at_close``); returns its steps."""
+        dropped = now.since(self.unmerged_from).steps
+        self.ledger.drop(dropped, "at_close")
+        self.unmerged_from = now
+        return dropped
+
+    def ledger_view(self, steps: int) -> LedgerView:
+        """This fragment's step ledger at ``steps`` trained."""
+        return self.ledger.view(trained=steps, unmerged_from=self.unmerged_from.steps, anchor_step=self.anchor_step)
 
     # -- the exchange thread -------------------------------------------------------------
     def hold(self, publication: Publication, *, carry: bool) -> None:

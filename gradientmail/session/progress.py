@@ -8,11 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gradientmail.session.fragment import LearnerFragment
+from gradientmail.session.ledger import LedgerView
 from gradientmail.session.looking import LearnerSchedule
 from gradientmail.store import TRAINING
 from gradientmail.syncer.assignment import CLOSES
 
-__all__ = ["StepTimer", "lease_info", "learner_schedule"]
+__all__ = ["LEDGER", "StepTimer", "lease_info", "learner_schedule"]
+
+LEDGER = "ledger"
+"""The lease info key of the learner's step ledger: one ``LedgerView.as_json()`` per fragment."""
 
 
 @dataclass
@@ -33,18 +37,28 @@ class StepTimer:
 
 
 def lease_info(
-    *, steps: int, step_time_s: float | None, versions: Sequence[int], elects: bool, serving: bool, next_due: int | None
+    *,
+    steps: int,
+    step_time_s: float | None,
+    versions: Sequence[int],
+    elects: bool,
+    serving: bool,
+    next_due: int | None,
+    ledger: Sequence[LedgerView] = (),
 ) -> dict[str, object]:
     """Progress shown in a learner's lease (read by the CLI and telemetry), and when its next
     contribution is due: ``due_in_s``, seconds from the renewal at its current step time (the
     elected syncer lists contributions at the regular pace around then; a hint only, absent
     before the step time is known and once the contribution is due). ``next_due``: None while
-    the session is not open."""
+    the session is not open. ``ledger``: each fragment's step ledger (``gradientmail status``
+    prints it)."""
     info: dict[str, object] = {
         "step": steps,
         "step_time_s": round(step_time_s or 0.0, 6),
         "versions": ",".join(str(v) for v in versions),
     }
+    if ledger:
+        info[LEDGER] = [view.as_json() for view in ledger]
     if elects:
         info[CLOSES] = True  # it runs a syncer: a spread run may give it fragments to close
     if serving:

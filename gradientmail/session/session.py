@@ -31,6 +31,7 @@ from gradientmail.session.events import EventKind, Listeners, ReportedScalars, S
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.group import detect_group, unwrap_model
 from gradientmail.session.join import RunProposal, join_run, newest_readable
+from gradientmail.session.ledger import LedgerView
 from gradientmail.session.looking import LearnerSchedule
 from gradientmail.session.node_loops import NodeLoops
 from gradientmail.session.progress import StepTimer, learner_schedule, lease_info
@@ -359,6 +360,16 @@ class Session:
         return -(-total // max(1, live or 1))
 
     @property
+    def ledger(self) -> tuple[LedgerView, ...]:
+        """Per fragment, where this session's trained steps went: merged, carried, trained since
+        the current anchor, dropped by reason (``session/ledger.py``); empty before ``open()``.
+        Each step trains every fragment, so each fragment's ledger counts every step once."""
+        run = self._run
+        if run is None:
+            return ()
+        return tuple(state.ledger_view(self.stats.steps) for state in run.fragments)
+
+    @property
     def total_steps(self) -> int:
         """Steps this learner trained in the run, across restarts that resumed (``state_dir``):
         what to index data and schedules by."""
@@ -456,6 +467,7 @@ class Session:
             elects=self.options.elects,
             serving=self._serving.active,
             next_due=run.next_due if run is not None and run.open else None,
+            ledger=self.ledger,
         )
 
     def learner_schedule(self) -> LearnerSchedule:

@@ -171,7 +171,7 @@ class OpenRun:
         are dropped, counted in ``dropped_at_close``)."""
         stats = self.stats
         for fragment, state in enumerate(self.fragments):
-            stats.dropped_at_close[fragment] = stats.steps - state.unmerged_from.steps
+            stats.dropped_at_close[fragment] = state.closed(align.WorkMark(stats.steps, stats.samples))
             newest = store.newest_version(fragment, known=state.anchor_version)
             if newest is not None and newest > state.anchor_version:
                 record, params = newest_readable(store, self.spec, fragment)  # a deleted blob: one back (INV-21)

@@ -23,7 +23,7 @@ from gradientmail.backends import Backend
 from gradientmail.polling import RepeatedFailures
 from gradientmail.records import Participant, Rejection, RoundRecord, RoundTiming, keys
 from gradientmail.store import UNKNOWN_HEAD, OpenRoundNote, VersionDraft
-from gradientmail.syncer.bounds import ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory
+from gradientmail.syncer.bounds import NORM_RATIO, ROUND_CONTRIBUTION_LIMIT, SEED_ROUNDS, ContributionHistory, round_outliers
 from gradientmail.syncer.grace import GraceEstimator
 from gradientmail.syncer.rounds import Accepted, Base, RoundDraft
 from gradientmail.telemetry.hooks import RoundPhases
@@ -381,6 +381,23 @@ class FragmentRounds:
         if not everyone and now < closes_at:
             return RoundStep(close=False, announce=announce, wait_s=closes_at - now)
         return RoundStep(close=True, announce=announce)
+
+    def reject_round_outliers(self) -> None:
+        """At close: reject as ``outlier`` the accepted deltas the round's own majority bounds
+        (``bounds.round_outliers``), before the merge and the weight cap see them."""
+        assert self.view is not None
+        current = self.view.round
+        accepted = current.accepted
+        outliers = set(round_outliers([(a.contribution.steps, a.norm) for a in accepted]))
+        if not outliers:
+            return
+        current.summed = None  # the next close sums afresh
+        current.accepted = [a for i, a in enumerate(accepted) if i not in outliers]
+        for i in sorted(outliers):
+            detail = f"delta norm {accepted[i].norm:.4g} exceeds {NORM_RATIO:g}x the round's typical (scaled by its steps)"
+            current.rejected.append(
+                Rejection(learner=accepted[i].key.learner, contribution=accepted[i].key.record, reason="outlier", detail=detail)
+            )
 
     def not_finite(self, dropped: Iterable[Rejection]) -> None:
         """The merge was not finite: drop these contributions from the round (the next close sums afresh)."""

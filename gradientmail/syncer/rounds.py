@@ -275,7 +275,7 @@ def capped_weights(accepted: Sequence[Accepted], samples_per_step_cap: float | N
     for a in accepted:
         steps, samples = a.contribution.steps, a.contribution.samples
         ceiling = samples_per_step_cap * steps
-        if samples > ceiling:
+        if samples > ceiling * (1 + 1e-12):  # at the cap (the typical learner itself), not capped by rounding
             a = replace(a, weight=ceiling * ceiling / steps * staleness_discount(a.staleness))
         out.append(a)
     return out

@@ -482,7 +482,9 @@ class SyncerRuntime:
         the lease may run out meanwhile (then the round stays open for whoever commits it)."""
         fragment, current = rounds.fragment, view.round
         started = self._clock()
-        cap = rounds.history.samples_per_step_cap((a.contribution.steps, a.contribution.samples) for a in current.accepted)
+        rounds.reject_round_outliers()  # never all: the round's median is not one
+        current_counts = ((a.contribution.steps, a.contribution.samples) for a in current.accepted)
+        cap = rounds.history.samples_per_step_cap(current_counts, signed=self.store.key is not None)
         draft = close_round(self.backend, self.spec, view.base, current.accepted, cap, clock=self._clock, summed=current.summed)
         rounds.not_finite(draft.non_finite)
         for rejection in draft.non_finite:
