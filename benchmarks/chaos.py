@@ -44,12 +44,14 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from benchmarks.chaos_hostile import HostileWriter, stray_only
+from benchmarks.chaos_ledger import Incarnation, LedgerAccount, account, read_progress
 from benchmarks.targets import conditions
 from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import Mailbox, open_mailbox
@@ -89,6 +91,8 @@ RETENTION_DEFAULTS = {"keep_versions": 10, "checkpoint_every": 100, "keep_checkp
 
 TARGET_MERGED_FAULTS = 0.90
 TARGET_MERGED_CLEAN = 0.97
+TARGET_MERGED_OF_SURVIVED = 0.90
+"""Of the steps that did not die unmerged with a killed process, the share a commit merged."""
 
 
 # -- the monitor -----------------------------------------------------------------------------
@@ -246,6 +250,8 @@ class Chaos:
     deadline_epoch: float
     layout: str = "one"
     """The run's ``syncer_layout``: ``spread`` has every node close its own fragments' rounds."""
+    sync_every: int = SYNC_EVERY
+    quorum: int = QUORUM
     nodes: dict[str, Node] = field(default_factory=dict)
     events: list[dict[str, Any]] = field(default_factory=list)
 
@@ -257,8 +263,8 @@ class Chaos:
         command = [
             sys.executable, "-m", "benchmarks.chaos_worker", "--mailbox", self.url, "--learner-id", node.learner,
             "--progress", str(self.progress_path(node.learner)), "--incarnation", str(node.incarnation),
-            "--seed", str(node.seed), "--step-sleep", str(self.step_sleep), "--sync-every", str(SYNC_EVERY),
-            "--fragments", str(FRAGMENTS), "--quorum", str(QUORUM), "--ttl", str(TTL_S), "--poll", str(POLL_S),
+            "--seed", str(node.seed), "--step-sleep", str(self.step_sleep), "--sync-every", str(self.sync_every),
+            "--fragments", str(FRAGMENTS), "--quorum", str(self.quorum), "--ttl", str(TTL_S), "--poll", str(POLL_S),
             "--deadline", str(self.deadline_epoch), "--layout", self.layout,
         ]  # fmt: skip
         with open(self.out / f"{node.learner}.{node.incarnation}.log", "wb") as log:
@@ -277,23 +283,6 @@ class Chaos:
 def _lease(found: LeaseRead | None) -> Lease | None:
     """The lease of ``RunStore.leases.read``'s answer (None when absent or unusable)."""
     return found.lease if found is not None else None
-
-
-def _progress(path: Path) -> dict[int, dict[str, Any]]:
-    """Per incarnation: the steps it trained (its last line) and its closing figures, if it closed."""
-    found: dict[int, dict[str, Any]] = {}
-    if not path.exists():
-        return found
-    for line in path.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue  # a line cut by kill -9
-        slot = found.setdefault(entry["incarnation"], {"steps": 0, "closed": None})
-        slot["steps"] = max(slot["steps"], entry.get("steps", 0))
-        if entry.get("event") == "closed":
-            slot["closed"] = entry
-    return found
 
 
 def retention_policy(manifest: dict[str, Any] | None) -> dict[str, int] | None:
@@ -329,8 +318,11 @@ def run_audit(url: str, env: dict[str, str]) -> dict[str, Any]:
 
 
 # -- judging the run -------------------------------------------------------------------------
-def judge(mailbox: Mailbox, monitor: Monitor, fragments: int) -> dict[str, Any]:
-    """Read every round record back and compare it with what the monitor saw during the run."""
+def judge(
+    mailbox: Mailbox, monitor: Monitor, fragments: int, progress: Mapping[str, Mapping[int, Incarnation]]
+) -> dict[str, Any]:
+    """Read every round record back and compare it with what the monitor saw during the run, and
+    account for the learners' steps by their ledgers (``benchmarks/chaos_ledger.py``)."""
     store = RunStore(mailbox)
     try:
         manifest = json.loads(mailbox.get(keys.MANIFEST))
@@ -429,6 +421,7 @@ def judge(mailbox: Mailbox, monitor: Monitor, fragments: int) -> dict[str, Any]:
             for name in ("quorum_wait_s", "grace_s", "sync_s", "arrival_spread_s")
         },
         "rejected": _rejections(records.values()),
+        "ledger": [a.as_json() for a in account(progress, records.values(), fragments)],
         "participants_per_round": round(sum(len(r.participants) for r in committed) / max(1, len(committed)), 3),
     }
 
@@ -480,6 +473,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hostile", action="store_true", help="a bucket writer plants hostile objects every ~5 s")
     parser.add_argument("--step-sleep", type=float, default=STEP_SLEEP_S)
+    parser.add_argument("--sync-every", type=int, default=SYNC_EVERY, help=f"H (default {SYNC_EVERY})")
+    parser.add_argument("--quorum", type=int, default=QUORUM, help=f"the run's quorum_size (default {QUORUM})")
     parser.add_argument("--runs-dir", default=str(ROOT / "runs"))
     parser.add_argument(
         "--layout", choices=["one", "spread"], default="one", help="the run's syncer_layout (spread: a syncer per fragment)"
@@ -515,12 +510,15 @@ def run(
     direct = open_mailbox(direct_url)
     print(
         f"chaos: {args.learners} learners, {seconds:.0f} s, a kill every ~{kill_every:.0f} s, faults on {rate:.0%} of requests "
-        f"(seed {args.seed}); TTL {TTL_S} s, poll {POLL_S} s, H = {SYNC_EVERY}, {FRAGMENTS} fragments, quorum {QUORUM}, "
-        f"syncer layout {args.layout}; in {out}",
+        f"(seed {args.seed}); TTL {TTL_S} s, poll {POLL_S} s, H = {args.sync_every}, {FRAGMENTS} fragments, "
+        f"quorum {args.quorum}, syncer layout {args.layout}; in {out}",
         flush=True,
     )
     started = time.monotonic()
-    chaos = Chaos(proxied_url, out, env, seconds, args.step_sleep, deadline_epoch=time.time() + seconds + 60, layout=args.layout)
+    chaos = Chaos(
+        proxied_url, out, env, seconds, args.step_sleep, deadline_epoch=time.time() + seconds + 60, layout=args.layout,
+        sync_every=args.sync_every, quorum=args.quorum,
+    )  # fmt: skip
     monitor = Monitor(direct, FRAGMENTS, started)
     monitor.start()
     exit_codes: list[dict[str, Any]] = []
@@ -586,19 +584,18 @@ def run(
                 node.process.wait()
         monitor.stop()
         proxy.stop()
+    # steps trained and the learners' ledgers, from the progress files (killed processes' included)
+    progress = {learner: read_progress(chaos.progress_path(learner)) for learner in chaos.nodes}
+    trained = sum(slot.steps for incarnations in progress.values() for slot in incarnations.values())
+    learners = {
+        learner: {str(i): {"steps": slot.steps, "closed": slot.closed} for i, slot in sorted(incarnations.items())}
+        for learner, incarnations in progress.items()
+    }
     try:
-        figures = judge(direct, monitor, FRAGMENTS)
+        figures = judge(direct, monitor, FRAGMENTS, progress)
         audit = run_audit(direct_url, env)
     finally:
         direct.close()
-
-    # steps trained, from the progress files (those of killed processes included)
-    trained = 0
-    learners: dict[str, Any] = {}
-    for learner in chaos.nodes:
-        incarnations = _progress(chaos.progress_path(learner))
-        trained += sum(slot["steps"] for slot in incarnations.values())
-        learners[learner] = {str(i): slot for i, slot in sorted(incarnations.items())}
     # records retention removed are legitimately gone only if the audit passes (with --hostile:
     # fails on nothing but the names the bucket writer dropped)
     retired = len(figures["retired_by_retention"])
@@ -619,7 +616,7 @@ def run(
     result = {
         "config": {
             "seconds": seconds, "learners": args.learners, "kill_every_s": kill_every, "fault_rate": rate, "seed": args.seed,
-            "ttl_s": TTL_S, "poll_s": POLL_S, "sync_every": SYNC_EVERY, "fragments": FRAGMENTS, "quorum": QUORUM,
+            "ttl_s": TTL_S, "poll_s": POLL_S, "sync_every": args.sync_every, "fragments": FRAGMENTS, "quorum": args.quorum,
             "step_sleep_s": args.step_sleep, "fault_kinds": list(FAULT_KINDS), "quick": args.quick,
             "hostile": args.hostile, "layout": args.layout,
         },
@@ -697,6 +694,8 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
         f"share {r['merged_share']:.3f} ({shares}); reported dropped past the carry limit: {r['realigned_steps']} "
         f"({', '.join(f'fragment {f}: {n}' for f, n in r['realigned_steps_per_fragment'].items())})"
     )
+    for f, ledger in enumerate(r["ledger"]):
+        print(f"fragment {f} steps by the ledgers: {LedgerAccount.from_json(ledger).describe()}")
     print("round phases, median s: " + ", ".join(f"{k} {v}" for k, v in r["round_timing_median_s"].items()))
     print("proxy: " + ", ".join(f"{k} {v}" for k, v in r["proxy"].items()))
     audit = r["audit"]
@@ -709,6 +708,7 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
     print(f"learners closed in {r['stop_s']:.1f} s after SIGTERM; wall clock {r['wall_s']:.0f} s")
 
     faults = r["config"]["fault_rate"] > 0
+    survived_share = min((ledger["merged_share_of_survived"] for ledger in r["ledger"]), default=0.0)
     share_target = TARGET_MERGED_FAULTS if faults else TARGET_MERGED_CLEAN
     unresolved = r["takeovers_unresolved"]
     hostile = r["config"]["hostile"]
@@ -739,6 +739,12 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
             f"steps merged {r['merged_share']:.3f} ≥ {share_target} ({'with faults' if faults else 'no faults'})",
             r["merged_share"] >= share_target,
         ),
+        (
+            f"of the steps that survived their process, merged {survived_share:.3f} ≥ {TARGET_MERGED_OF_SURVIVED} "
+            "(every fragment's worst)",
+            survived_share >= TARGET_MERGED_OF_SURVIVED,
+        ),
+        ("the step ledgers balance with the round records", all(ledger["consistent"] for ledger in r["ledger"])),
     ]
     print()
     for v in conditions(verdicts, runs=1):  # one chaos run

@@ -4,9 +4,11 @@ A tiny model (a dict of float32 NumPy arrays) pulled toward its own target by no
 paced by a sleep per step, inside a real ``gm.Session``. Before each ``session.step()`` it
 appends its running step count to ``--progress`` (one JSON line, flushed), so the steps of
 a process killed with ``kill -9`` are still counted: a step is counted once trained, whether
-or not it ever reaches a commit. SIGTERM (or ``--deadline``) ends training; the session then
+or not it ever reaches a commit. Whenever the session's step ledger (``session.ledger``) or its
+count of contributions changes, a ``ledger`` line records it, so the ledger of a killed process
+is known up to its last alignment. SIGTERM (or ``--deadline``) ends training; the session then
 closes cleanly (publishing what is left with ``flush_on_close``) and a last ``closed`` line
-holds the session's figures.
+holds the session's figures and final ledger.
 """
 
 from __future__ import annotations
@@ -35,6 +37,16 @@ def build_algorithm(args: argparse.Namespace) -> gm.DiLoCo:
         flush_on_close=True,
         syncer_layout=args.layout,
     )
+
+
+def ledger_mark(session: gm.Session) -> tuple[int, ...]:
+    """What changes when the ledger moves other than by training: merged and dropped steps per
+    fragment, and the contributions published."""
+    return (session.stats.contributions, *(n for view in session.ledger for n in (view.merged, view.dropped_steps)))
+
+
+def ledger_json(session: gm.Session) -> list[dict[str, object]]:
+    return [view.as_json() for view in session.ledger]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = 0
     started = time.monotonic()
     note(event="start", steps=0)
+    last_mark: tuple[int, ...] = ()
     with gm.Session(
         model, algorithm=build_algorithm(args), mailbox=args.mailbox, learner_id=args.learner_id, options=options
     ) as session:
@@ -94,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
             steps += 1
             note(steps=steps)  # counted as trained before the session can publish it
             session.step(samples=args.batch)
+            mark = ledger_mark(session)
+            if mark != last_mark:
+                note(event="ledger", steps=steps, contributions=session.stats.contributions, ledger=ledger_json(session))
+                last_mark = mark
             time.sleep(args.step_sleep)
         closing = time.monotonic()
     stats = session.stats
@@ -104,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         contributions=stats.contributions,
         dropped_at_close=list(stats.dropped_at_close),
         versions=dict(session.versions),
+        ledger=ledger_json(session),
     )
     progress.close()
     return 0

@@ -161,3 +161,52 @@ def test_quick_chaos_run_commits_every_version_once_and_loses_none(tmp_path):
     assert result["proxy"]["faults"] > 0  # the run did go through a faulty network
     assert {p["plant"] for p in result["hostile_plants"]} >= {"invalid_names", "squat", "flood"}
     assert stray_only(result["audit"]["failures"]), result["audit"]["failures"]
+    assert all(ledger["consistent"] for ledger in result["ledger"]), result["ledger"]
+
+
+def _round(version: int, steps_by_learner: dict[str, int]):  # type: ignore[no-untyped-def]
+    from gradientmail.records import PayloadRef, RoundRecord
+
+    ref = PayloadRef(key="p", sha256="ab" * 32, size_bytes=1)
+    return RoundRecord(
+        fragment=0, version=version, base_version=version - 1, merge={"kind": "rda"}, outer_lr=0.7, outer_momentum=0.9,
+        participants=tuple(
+            {"learner": learner, "contribution": f"{learner}-{version}", "steps": steps, "samples": steps, "weight": 1.0}
+            for learner, steps in steps_by_learner.items()
+        ),
+        params=ref, outer_state=ref, committed_by="node-0",
+    )  # fmt: skip
+
+
+def test_the_ledger_account_splits_trained_steps_into_merged_dropped_and_lost(tmp_path):
+    """A killed incarnation's steps beyond what rounds merged (even after it died) and its ledger
+    dropped are lost with it; a closed one settles everything; a cut last line is skipped."""
+    from benchmarks.chaos_ledger import account, read_progress
+
+    def view(trained: int, merged: int, carried: int, since: int, dropped: dict[str, int]) -> dict[str, object]:
+        return {"trained": trained, "merged": merged, "carried": carried, "since_anchor": since, "dropped": dropped}
+
+    lines = [
+        {"incarnation": 0, "event": "start", "steps": 0},
+        {"incarnation": 0, "steps": 50},
+        {"incarnation": 0, "event": "ledger", "steps": 50, "ledger": [view(50, 20, 10, 10, {"carry_limit": 10})]},
+        {"incarnation": 0, "steps": 70},  # killed here: 70 trained, 20 merged as it saw, 10 dropped
+        {"incarnation": 1, "steps": 30},
+        {"incarnation": 1, "event": "closed", "steps": 30, "ledger": [view(30, 25, 0, 0, {"at_close": 5})]},
+    ]
+    path = tmp_path / "node-1.progress"
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines) + '{"incarnation": 1, "ste')
+    progress = read_progress(path)
+    assert progress[0].steps == 70 and progress[0].closed is None and progress[1].closed is not None
+    # the rounds merged 20 + 15 of incarnation 0 (15 after it died) and 25 of incarnation 1
+    records = [_round(1, {"node-1": 20}), _round(2, {"node-1": 15}), _round(3, {"node-1": 25})]
+    (fragment,) = account({"node-1": progress}, records, fragments=1)
+    assert fragment.trained == 100 and fragment.merged == 60 and fragment.ledger_merged == 45
+    assert fragment.dropped == {"carry_limit": 10, "at_close": 5}
+    assert fragment.lost_to_crash == 100 - 60 - 15 == 25
+    assert fragment.merged_share_of_survived == pytest.approx(60 / 75)
+    assert fragment.consistent
+
+    # a ledger that claims more merged steps than the rounds show is caught
+    (claimed,) = account({"node-1": progress}, records[:1], fragments=1)
+    assert not claimed.consistent and claimed.over_claimed
