@@ -588,7 +588,10 @@ def run(
     progress = {learner: read_progress(chaos.progress_path(learner)) for learner in chaos.nodes}
     trained = sum(slot.steps for incarnations in progress.values() for slot in incarnations.values())
     learners = {
-        learner: {str(i): {"steps": slot.steps, "closed": slot.closed} for i, slot in sorted(incarnations.items())}
+        learner: {
+            str(i): {"steps": slot.steps, "closed": slot.closed, "blocked_s": slot.blocked_s, "trained_s": slot.trained_s}
+            for i, slot in sorted(incarnations.items())
+        }
         for learner, incarnations in progress.items()
     }
     try:
@@ -696,6 +699,12 @@ def report(r: dict[str, Any]) -> list[tuple[str, bool | None]]:
     )
     for f, ledger in enumerate(r["ledger"]):
         print(f"fragment {f} steps by the ledgers: {LedgerAccount.from_json(ledger).describe()}")
+    slots = [slot for incarnations in r["learners"].values() for slot in incarnations.values()]
+    blocked, lived = sum(s.get("blocked_s", 0.0) for s in slots), sum(s.get("trained_s", 0.0) for s in slots)
+    print(
+        f"learners waited for commits {blocked:.1f} s of {lived:.0f} s alive ({blocked / lived if lived else 0:.1%}; "
+        "up to their last ledger line, closing not counted)"
+    )
     print("round phases, median s: " + ", ".join(f"{k} {v}" for k, v in r["round_timing_median_s"].items()))
     print("proxy: " + ", ".join(f"{k} {v}" for k, v in r["proxy"].items()))
     audit = r["audit"]

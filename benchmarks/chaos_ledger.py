@@ -40,6 +40,10 @@ class Incarnation:
     """Its ``closed`` line, when it closed rather than being killed."""
     ledger: tuple[LedgerView, ...] = ()
     """Its newest ledger, per fragment (from the ``closed`` line, else the last ``ledger`` line)."""
+    blocked_s: float = 0.0
+    """Seconds its training thread had waited for commits, at its last ``ledger`` line."""
+    trained_s: float = 0.0
+    """Seconds since the process started, at its last ``ledger`` line."""
 
 
 def read_progress(path: Path) -> dict[int, Incarnation]:
@@ -54,6 +58,9 @@ def read_progress(path: Path) -> dict[int, Incarnation]:
             continue  # a line cut by kill -9
         slot = found.setdefault(int(entry["incarnation"]), Incarnation())
         slot.steps = max(slot.steps, int(entry.get("steps", 0)))
+        if entry.get("event") == "ledger":
+            slot.blocked_s = float(entry.get("blocked_s", slot.blocked_s))
+            slot.trained_s = float(entry.get("trained_s", slot.trained_s))
         if "ledger" in entry:
             views = tuple(LedgerView.from_json(v) for v in entry["ledger"])
             if all(v is not None for v in views):

@@ -6,9 +6,10 @@ appends its running step count to ``--progress`` (one JSON line, flushed), so th
 a process killed with ``kill -9`` are still counted: a step is counted once trained, whether
 or not it ever reaches a commit. Whenever the session's step ledger (``session.ledger``) or its
 count of contributions changes, a ``ledger`` line records it, so the ledger of a killed process
-is known up to its last alignment. SIGTERM (or ``--deadline``) ends training; the session then
-closes cleanly (publishing what is left with ``flush_on_close``) and a last ``closed`` line
-holds the session's figures and final ledger.
+is known up to its last alignment, with the seconds the session waited for commits so far
+(``blocked_s``) and the seconds since the process started (``trained_s``). SIGTERM (or
+``--deadline``) ends training; the session then closes cleanly (publishing what is left with
+``flush_on_close``) and a last ``closed`` line holds the session's figures and final ledger.
 """
 
 from __future__ import annotations
@@ -109,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             session.step(samples=args.batch)
             mark = ledger_mark(session)
             if mark != last_mark:
-                note(event="ledger", steps=steps, contributions=session.stats.contributions, ledger=ledger_json(session))
+                note(
+                    event="ledger", steps=steps, contributions=session.stats.contributions, ledger=ledger_json(session),
+                    blocked_s=round(session.stats.blocked_s, 3), trained_s=round(time.monotonic() - started, 3),
+                )  # fmt: skip
                 last_mark = mark
             time.sleep(args.step_sleep)
         closing = time.monotonic()

@@ -553,24 +553,104 @@ def test_work_a_commit_did_not_merge_is_carried_into_the_next_contribution():
 
 @pytest.mark.slow
 def test_work_past_the_carry_limit_is_dropped_and_reported_with_its_reason():
-    """INV-9: unmerged work spanning more than max_carried_steps is re-aligned, not carried, and the
-    next merged contribution reports it; the round record lists it with reason carry_limit."""
+    """INV-9: unmerged work a commit passed by before, spanning more than max_carried_steps, is
+    re-aligned, not carried, and the next merged contribution reports it; the round record lists
+    it with reason carry_limit. (Passed by once, it is carried: the steps were trained on the
+    anchor the commit follows.)"""
     box = gm.MemoryMailbox()
     model = numpy_model(0.0)
     algorithm = gm.DiLoCo(sync_every=10, max_carried_steps=3)
     with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=QUIET) as session:
-        aligned_at = train_until_a_commit_of_another_learner(session, box, move_by=1.0)
-        np.testing.assert_array_equal(model["mlp.weight"], committed_params(RunStore(box), 1)["mlp.weight"])  # dropped
-        while session.stats.steps < aligned_at + 10:  # next due a period after aligning
+        train_until_a_commit_of_another_learner(session, box, move_by=1.0)
+        (view, *_) = session.ledger
+        assert (view.carried, view.dropped_steps) == (7, 0), view.describe()  # one version behind: carried
+        store = RunStore(box)
+        contribute(store, "other", 1, numpy_model(0.7), 4, 4, sequence=2)
+        syncer_on(store, store.read_spec(), "test-syncer").run_once()
+        assert store.newest_version(0) == 2
+        time.sleep(1.5 * QUIET.poll_interval_s)
+        move(model, 1.0)
+        session.step(samples=1)  # aligns with version 2: the 7 carried steps are passed by again
+        assert session.versions[0] == 2 and session.stats.steps == 8
+        np.testing.assert_array_equal(model["mlp.weight"], committed_params(store, 2)["mlp.weight"])  # dropped
+        while session.stats.steps < 8 + 10:  # next due a period after aligning
             session.step(samples=1)
         session.wait_published()
         (contribution,) = published(box, "me")
         assert contribution.carried_steps == 0 and contribution.steps == 10
-        assert [(r.steps, r.samples, r.reason, r.at_version) for r in contribution.realigned] == [(7, 7, "carry_limit", 1)]
+        assert [(r.steps, r.samples, r.reason, r.at_version) for r in contribution.realigned] == [(8, 8, "carry_limit", 2)]
         store = RunStore(box)
         syncer_on(store, store.read_spec(), "test-syncer").run_once()
-        (participant,) = store.read_round(0, 2).participants
+        (participant,) = store.read_round(0, 3).participants
         assert participant.realigned == contribution.realigned
+        session.close(wait=False)
+
+
+@pytest.mark.slow
+def test_work_since_a_merged_contribution_is_carried_past_the_carry_limit_when_the_commit_is_slow():
+    """INV-9: a commit that merges our contribution long after it was published (a takeover, a
+    slow round) finds the work since its snapshot one version behind, not stale: it is carried
+    past max_carried_steps, up to what the next contribution may hold, and nothing is dropped."""
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    algorithm = gm.DiLoCo(sync_every=10, max_carried_steps=3)
+    with gm.Session(model, algorithm=algorithm, mailbox=box, learner_id="me", options=QUIET) as session:
+        for _ in range(10):
+            move(model, 1.0)
+            session.step(samples=1)
+        session.wait_published()
+        (first,) = published(box, "me")
+        assert first.steps == 10
+        for _ in range(12):  # the commit is slow: 12 steps, four times the carry limit
+            move(model, 1.0)
+            session.step(samples=1)
+        store = RunStore(box)
+        syncer_on(store, store.read_spec(), "test-syncer").run_once()
+        assert store.newest_version(0) == 1
+        time.sleep(1.5 * QUIET.poll_interval_s)  # the exchange's next look fetches the commit
+        move(model, 1.0)
+        session.step(samples=1)  # the step aligns with it: 13 steps since the merged snapshot
+        assert session.versions[0] == 1
+        (view, *_) = session.ledger
+        assert (view.merged, view.carried, view.dropped_steps) == (10, 13, 0), view.describe()
+        assert view.balanced
+        session.close(wait=False)
+
+
+@pytest.mark.slow
+def test_a_learner_waits_for_a_commit_rather_than_train_more_than_its_next_contribution_holds():
+    """A commit long in coming (a syncer takeover): once the steps since its publish fill what the
+    next contribution can hold (RunSpec.carry_room_steps), the learner waits for the commit
+    instead of training work the alignment would drop; then nothing is dropped."""
+    import threading
+
+    box = gm.MemoryMailbox()
+    model = numpy_model(0.0)
+    options = gm.SessionOptions(lease_ttl_s=10.0, poll_interval_s=0.2, run_syncer=False, commit_timeout_s=20.0)
+    with gm.Session(model, algorithm=gm.DiLoCo(sync_every=10), mailbox=box, learner_id="me", options=options) as session:
+        store = RunStore(box)
+        room = store.read_spec().carry_room_steps
+        assert room == 70  # 8·H the syncer accepts, less the period the next contribution adds
+        for _ in range(10):
+            move(model, 1.0)
+            session.step(samples=1)
+        session.wait_published()
+
+        def commit_later() -> None:
+            time.sleep(1.0)
+            syncer_on(store, store.read_spec(), "test-syncer").run_once()
+
+        committer = threading.Thread(target=commit_later)
+        committer.start()
+        started = time.monotonic()
+        for _ in range(room):
+            move(model, 1.0)
+            session.step(samples=1)  # the last of them waits for the commit
+        waited = time.monotonic() - started
+        committer.join()
+        assert session.versions[0] == 1 and waited >= 0.9 and session.stats.blocked_s >= 0.5
+        (view, *_) = session.ledger
+        assert (view.merged, view.carried, view.dropped_steps) == (10, room, 0), view.describe()
         session.close(wait=False)
 
 

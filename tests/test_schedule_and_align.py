@@ -37,10 +37,13 @@ def test_in_flight_and_overlap_bounds():
     assert schedule.slot_free(published_fragments=7, in_flight=None)
     assert schedule.slot_free(published_fragments=1, in_flight=2)
     assert not schedule.slot_free(published_fragments=2, in_flight=2)
-    assert not schedule.must_wait_for_commit(steps_since_publish=100, overlap_steps=None)
-    assert not schedule.must_wait_for_commit(steps_since_publish=1, overlap_steps=2)
-    assert schedule.must_wait_for_commit(steps_since_publish=2, overlap_steps=2)
-    assert schedule.must_wait_for_commit(steps_since_publish=0, overlap_steps=0)
+    assert not schedule.must_wait_for_commit(steps_since_publish=100, overlap_steps=None, room_steps=140)
+    assert not schedule.must_wait_for_commit(steps_since_publish=1, overlap_steps=2, room_steps=140)
+    assert schedule.must_wait_for_commit(steps_since_publish=2, overlap_steps=2, room_steps=140)
+    assert schedule.must_wait_for_commit(steps_since_publish=0, overlap_steps=0, room_steps=140)
+    # never trains past what the next contribution can hold: more would be dropped at the alignment
+    assert schedule.must_wait_for_commit(steps_since_publish=140, overlap_steps=None, room_steps=140)
+    assert schedule.overlap_bound(overlap_steps=200, room_steps=140) == 140
 
 
 @pytest.fixture(params=BACKENDS)
@@ -64,20 +67,41 @@ def test_a_commit_merged_our_contribution_only_if_its_round_lists_us_and_ours_wa
     assert not align.contribution_merged(True, published_base=None, commit_base=4)  # none outstanding
 
 
+def plan(merged_at, *, anchor_step=10, versions_ahead=1, carry=True, limit=100, room=100):  # type: ignore[no-untyped-def]
+    """The plan at step 30 (300 samples) of work unmerged since step 5."""
+    return plan_alignment(
+        carry=carry, merged_at=merged_at, unmerged_from=WorkMark(5, 50), now=WorkMark(30, 300), anchor_step=anchor_step,
+        versions_ahead=versions_ahead, carry_limit_steps=limit, room_steps=room,
+    )  # fmt: skip
+
+
 def test_an_alignment_carries_the_unmerged_work_from_where_it_began():
     """INV-9: the plan says where unmerged work begins and whether it is carried, replaced or dropped."""
     now, published, earlier = WorkMark(30, 300), WorkMark(20, 200), WorkMark(5, 50)
-    merged = plan_alignment(carry=True, merged_at=published, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    merged = plan(published)
     assert merged.action is AlignAction.CARRY and merged.unmerged_from == published and merged.dropped is None
-    not_merged = plan_alignment(carry=True, merged_at=None, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    not_merged = plan(None)
     assert not_merged.action is AlignAction.CARRY and not_merged.unmerged_from == earlier
-    waited = plan_alignment(carry=True, merged_at=now, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    waited = plan(now)
     assert waited.action is AlignAction.REPLACE and waited.unmerged_from == now  # nothing trained since the publish
-    too_long = plan_alignment(carry=True, merged_at=None, unmerged_from=earlier, now=now, carry_limit_steps=10)
+    too_long = plan(None, room=24)
     assert too_long.action is AlignAction.DROP and too_long.unmerged_from == now
     assert too_long.dropped == WorkMark(25, 250)
-    plain = plan_alignment(carry=False, merged_at=published, unmerged_from=earlier, now=now, carry_limit_steps=100)
+    plain = plan(published, carry=False)
     assert plain.action is AlignAction.REPLACE and plain.unmerged_from == now  # the guide's rule: the commit replaces
+
+
+def test_the_carry_limit_bounds_only_work_a_commit_passed_by_before():
+    """INV-9: work trained on the anchor the commit follows is one version behind however long the commit
+    took (a takeover): carried past max_carried_steps up to the room of the next contribution.
+    Work from before the anchor (carried once already), or any when the commit skips versions,
+    counts against max_carried_steps."""
+    published = WorkMark(20, 200)
+    assert plan(published, limit=3, room=10).action is AlignAction.CARRY  # 10 steps since the merged snapshot
+    assert plan(published, limit=3, room=9).dropped == WorkMark(10, 100)  # more than the next contribution holds
+    assert plan(None, anchor_step=8, limit=3).action is AlignAction.CARRY  # 3 steps carried from before the anchor
+    assert plan(None, anchor_step=9, limit=3).action is AlignAction.DROP  # 4
+    assert plan(published, versions_ahead=2, limit=9).action is AlignAction.DROP  # 10 steps, two versions behind
 
 
 def test_the_carry_correction_is_the_commit_minus_where_the_work_began_in_fp32():

@@ -16,7 +16,10 @@ def align(ledger: StepLedger, unmerged_from: int, now: int, *, merged_at: int | 
         merged_at=WorkMark(merged_at) if merged_at is not None else None,
         unmerged_from=WorkMark(unmerged_from),
         now=WorkMark(now),
+        anchor_step=unmerged_from,
+        versions_ahead=2,
         carry_limit_steps=LIMIT,
+        room_steps=2 * LIMIT,
     )
     reason = "carry_limit" if plan.dropped is not None else "not_carried" if merged_at is not None else rejected or "superseded"
     ledger.aligned(unmerged_before=unmerged_from, unmerged_after=plan.unmerged_from.steps, merged_at=merged_at, reason=reason)
@@ -33,7 +36,7 @@ def test_merged_then_carried_work_balances_at_every_step():
 
 
 def test_work_past_the_carry_limit_is_dropped_with_that_reason():
-    """No commit merged ours for 100 steps (a takeover): the alignment drops them all."""
+    """No commit merged ours for 100 steps while commits went by (a learner away): the alignment drops them all."""
     ledger = StepLedger()
     plan = align(ledger, 0, 100, merged_at=None)
     assert plan.action is AlignAction.DROP

@@ -12,6 +12,7 @@ from gradientmail.algorithms.schedule import (
     must_wait_for_commit,
     next_due,
     on_schedule,
+    overlap_bound,
     slot_free,
 )
 
@@ -37,6 +38,7 @@ __all__ = [
     "on_schedule",
     "slot_free",
     "must_wait_for_commit",
+    "overlap_bound",
     "pseudo_gradient",
     "aligned_parameters",
 ]

@@ -83,8 +83,8 @@ class AlignAction(enum.Enum):
     CARRY = "carry"
     """θ ← θ_commit − (θ_start − θ): add the carry correction θ_commit − θ_start in place."""
     DROP = "drop"
-    """The unmerged work spans more than ``max_carried_steps``: write the commit and report the
-    dropped work (reason ``carry_limit``) with the next contribution."""
+    """The unmerged work spans more than its limit (``plan_alignment``): write the commit and
+    report the dropped work (reason ``carry_limit``) with the next contribution."""
 
 
 @dataclass(frozen=True)
@@ -97,22 +97,40 @@ class AlignmentPlan:
 
 
 def plan_alignment(
-    *, carry: bool, merged_at: WorkMark | None, unmerged_from: WorkMark, now: WorkMark, carry_limit_steps: int
+    *,
+    carry: bool,
+    merged_at: WorkMark | None,
+    unmerged_from: WorkMark,
+    now: WorkMark,
+    anchor_step: int,
+    versions_ahead: int,
+    carry_limit_steps: int,
+    room_steps: int,
 ) -> AlignmentPlan:
     """The alignment with a commit, from the learner's counts.
 
     ``carry``: the learner's ``carry_unmerged``; ``merged_at``: where the contribution the
     commit merged was taken (None when it merged nothing of ours); ``unmerged_from``: where the
-    fragment's unmerged work begins now. Without carrying, the commit replaces the local work
-    and unmerged work begins again now. Carrying, it begins where the merged contribution
-    ended (or stays where it was), and is carried unless it is empty or longer than
-    ``carry_limit_steps``.
+    fragment's unmerged work begins now; ``anchor_step``: the step the learner aligned with its
+    anchor at; ``versions_ahead``: how far the commit is past that anchor. Without carrying, the
+    commit replaces the local work and unmerged work begins again now. Carrying, it begins
+    where the merged contribution ended (or stays where it was), and is carried unless it is
+    empty or too long.
+
+    Too long is decided by how far behind the work is. Work trained on the anchor the commit
+    follows is one version behind, like every step a learner trains while its round is in
+    flight, however long the commit took (a syncer takeover, a round slowed by a faulty
+    store): it is carried up to ``room_steps``, what the next contribution can still hold
+    (``RunSpec.carry_room_steps``). Work a commit passed by before (trained before the anchor,
+    or all of it when the commit skips versions) is further behind with every commit, and past
+    ``carry_limit_steps`` (``max_carried_steps``: a learner away for long) it is dropped.
     """
     if not carry:
         return AlignmentPlan(AlignAction.REPLACE, now)
     start = merged_at if merged_at is not None else unmerged_from
     span = now.since(start)
-    if span.steps > carry_limit_steps:
+    passed_by = span.steps if versions_ahead > 1 else max(0, anchor_step - start.steps)
+    if span.steps > room_steps or passed_by > carry_limit_steps:
         return AlignmentPlan(AlignAction.DROP, now, dropped=span)
     if span.steps == 0:
         return AlignmentPlan(AlignAction.REPLACE, start)

@@ -35,6 +35,7 @@ __all__ = [
     "look_interval",
     "LOOKS_PER_PERIOD",
     "must_wait_for_commit",
+    "overlap_bound",
     "next_due",
     "on_schedule",
     "slot_free",
@@ -98,9 +99,18 @@ def slot_free(published_fragments: int, in_flight: int | None) -> bool:
     return in_flight is None or published_fragments < in_flight
 
 
-def must_wait_for_commit(steps_since_publish: int, overlap_steps: int | None) -> bool:
+def overlap_bound(overlap_steps: int | None, room_steps: int) -> int:
+    """The most steps a learner trains past a publish before it waits for the commit:
+    ``overlap_steps``, and never more than its next contribution can hold (``room_steps``,
+    ``RunSpec.carry_room_steps``), since work trained past that would be dropped at the
+    alignment (``align.plan_alignment``): a commit that long in coming (a syncer takeover when
+    steps are short) costs the learner idle time instead of trained work thrown away."""
+    return room_steps if overlap_steps is None else min(overlap_steps, room_steps)
+
+
+def must_wait_for_commit(steps_since_publish: int, overlap_steps: int | None, room_steps: int) -> bool:
     """Whether the learner must wait for the commit of a fragment it published that long ago."""
-    return overlap_steps is not None and steps_since_publish >= overlap_steps
+    return steps_since_publish >= overlap_bound(overlap_steps, room_steps)
 
 
 LOOKS_PER_PERIOD = 10

@@ -2,7 +2,7 @@
 
 ``algorithms.schedule`` says what happens to one fragment at a step (publish at its scheduled
 step, or at half a period with a quorum of one; join a round others opened; wait for a commit
-under ``overlap_steps``); these functions apply them to a learner's fragments and keep the
+under ``overlap_steps`` or at the room of the next contribution); these functions apply them to a learner's fragments and keep the
 per-fragment marks (``due_step``, ``half_period_pending``) on each ``LearnerFragment``. The
 session calls them between steps and does the publishing.
 """
@@ -15,7 +15,7 @@ from gradientmail.algorithms import schedule
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.session.fragment import LearnerFragment
 
-__all__ = ["due_now", "joining", "keeps_attention", "must_wait_for_commit", "next_due", "scheduled_now"]
+__all__ = ["due_now", "joining", "keeps_attention", "must_wait_for_commit", "next_due", "next_wait", "scheduled_now"]
 
 
 def next_due(fragments: Sequence[LearnerFragment]) -> int:
@@ -62,10 +62,18 @@ def due_now(fragments: Sequence[LearnerFragment], steps: int, algorithm: DiLoCo,
     return sorted(scheduled_now(fragments, steps, algorithm) | joining(fragments, steps, algorithm, open_rounds) | deferred)
 
 
-def must_wait_for_commit(state: LearnerFragment, steps: int, overlap_steps: int | None) -> bool:
-    """Whether ``overlap_steps`` says to wait for the commit of the fragment's contribution now."""
+def must_wait_for_commit(state: LearnerFragment, steps: int, overlap_steps: int | None, room_steps: int) -> bool:
+    """Whether to wait for the commit of the fragment's contribution now (``schedule.overlap_bound``)."""
     out = state.outstanding
-    return out is not None and schedule.must_wait_for_commit(steps - out.taken_at.steps, overlap_steps)
+    return out is not None and schedule.must_wait_for_commit(steps - out.taken_at.steps, overlap_steps, room_steps)
+
+
+def next_wait(fragments: Sequence[LearnerFragment], overlap_steps: int | None, room_steps: int) -> int | None:
+    """The earliest step a fragment's outstanding contribution makes the learner wait at, or
+    None: the other step ``step()`` compares against."""
+    bound = schedule.overlap_bound(overlap_steps, room_steps)
+    waits = [f.outstanding.taken_at.steps + bound for f in fragments if f.outstanding is not None]
+    return min(waits, default=None)
 
 
 def keeps_attention(fragments: Sequence[LearnerFragment], algorithm: DiLoCo, open_rounds: Mapping[int, int]) -> bool:

@@ -31,7 +31,7 @@ _MAX_FRAGMENTS = 4096
 
 DROP_REASONS = ("carry_limit", "not_carried", "superseded", "at_close")
 """Why steps are dropped without a rejection to name: ``carry_limit`` (more unmerged work than
-``max_carried_steps``), ``not_carried`` (``carry_unmerged=False``: a commit that merged our
+``align.plan_alignment`` carries), ``not_carried`` (``carry_unmerged=False``: a commit that merged our
 contribution replaced what was trained after its snapshot), ``superseded`` (a commit without
 our work replaced it, the learner not carrying, no rejection of ours in its round), ``at_close``
 (no round merged it before the session closed). A round that rejected our contribution gives

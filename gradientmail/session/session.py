@@ -274,7 +274,7 @@ class Session:
                 state.buffers.append(self.backend.new_host_buffer(live, state.names))
         self._run = OpenRun(
             spec, fragments, loops, self.backend, self.model, self.algorithm, self.stats, self._timer, self.learner_id,
-            self.options, self._changed, self._clock, fresh=self._ranks.fresh, emit=self._emit,
+            self.options, self._changed, self._clock, fresh=self._ranks.fresh, emit=self._emit, store=self._store,
         )  # fmt: skip
         loops.start()
         telemetry.attach_session(self)  # observable instruments read self.stats; step() does nothing more
@@ -284,7 +284,8 @@ class Session:
         """Count one local step of ``samples`` examples (or tokens); exchange if due.
 
         Cheap unless a fragment is due or a commit is ready; blocks only as far as
-        ``overlap_steps`` asks. Raises ``DuplicateLearner`` once another process is seen writing
+        ``overlap_steps`` asks, or while a commit is longer in coming than the next
+        contribution's room (``schedule.overlap_bound``). Raises ``DuplicateLearner`` once another process is seen writing
         this learner's lease (two processes with one id).
         """
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
@@ -298,7 +299,7 @@ class Session:
         self._timer.stepped(self._clock())
         self._count(samples * self._ranks.world_size)  # the group's batch: DDP's ranks train equal ones
         changed: list[str] = []
-        if self._attention or self.stats.steps >= run.next_due:
+        if self._attention or self.stats.steps >= run.next_check:
             versions_before = list(self.stats.versions)
             self._attention = False
             if run.between_steps():  # where alignments happen

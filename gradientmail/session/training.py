@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gradientmail.algorithms import align, schedule
@@ -56,13 +56,19 @@ class OpenRun:
     fresh: Callable[[Sequence[str]], None]
     """Before the model's parameters are read (rank 0 of an FSDP group gathers them)."""
     emit: Emit
+    store: RunStore
+    """The run's store (the room wait watches its syncer lease)."""
     next_due: int = 0
-    """The earliest ``due_step`` of any fragment: what ``step()`` compares against."""
+    """The earliest ``due_step`` of any fragment (the lease's ``due_in_s``)."""
+    next_check: int = 0
+    """``next_due``, or earlier the step an outstanding contribution makes the learner wait at
+    (``due.next_wait``): what ``step()`` compares against."""
+    _watch: SyncerWatch | None = field(default=None, init=False, repr=False)
     open: bool = True
     """False once closed; the rest stays readable (byte counts, the spec)."""
 
     def __post_init__(self) -> None:
-        self.next_due = due.next_due(self.fragments)
+        self.rescheduled()
         self.waits = CommitWaits(
             self.learner_id,
             commit_timeout_s=self.options.commit_timeout_s,
@@ -72,6 +78,19 @@ class OpenRun:
             stats=self.stats,
             clock=self.clock,
         )
+
+    def watch(self) -> SyncerWatch:
+        """Whether a live syncer exists to make the commit a wait is for: a run without one
+        (every syncer gone past a takeover) does not keep the learner waiting."""
+        if self._watch is None:
+            self._watch = SyncerWatch(self.store, self.spec.lease_ttl_s, self.options.poll_interval_s, self.clock)
+        return self._watch
+
+    def rescheduled(self) -> None:
+        """The fragments' marks moved: when ``step()`` next calls ``between_steps``."""
+        self.next_due = due.next_due(self.fragments)
+        waits_at = due.next_wait(self.fragments, self.algorithm.overlap_steps, self.spec.carry_room_steps)
+        self.next_check = self.next_due if waits_at is None else min(self.next_due, waits_at)
 
     # -- between steps -------------------------------------------------------------
     def between_steps(self) -> bool:
@@ -84,10 +103,11 @@ class OpenRun:
         steps = self.stats.steps
         for fragment in due.due_now(self.fragments, steps, self.algorithm, exchange.looking.open_rounds):
             self.publish(fragment, final=False)
-        self.next_due = due.next_due(self.fragments)
+        self.rescheduled()
         for state in self.fragments:
-            if due.must_wait_for_commit(state, self.stats.steps, self.algorithm.overlap_steps):
-                self.waits.for_commit(state)
+            if due.must_wait_for_commit(state, self.stats.steps, self.algorithm.overlap_steps, self.spec.carry_room_steps):
+                self.waits.for_commit(state, watch=self.watch())
+                self.rescheduled()
         return due.keeps_attention(self.fragments, self.algorithm, exchange.looking.open_rounds)
 
     def changed_since(self, versions_before: Sequence[int]) -> list[str]:
@@ -111,11 +131,14 @@ class OpenRun:
             merged_at=merged.taken_at if merged is not None else None,
             unmerged_from=state.unmerged_from,
             now=align.WorkMark(stats.steps, stats.samples),
+            anchor_step=state.anchor_step,
+            versions_ahead=commit.version - state.anchor_version,
             carry_limit_steps=self.algorithm.carry_limit_steps,
+            room_steps=self.spec.carry_room_steps,
         )
         write_alignment(self.backend, self.model, self.algorithm, state, commit, plan.action, fresh=self.fresh)
         state.aligned(commit, plan, steps=stats.steps, sync_every=self.algorithm.sync_every)
-        self.next_due = due.next_due(self.fragments)
+        self.rescheduled()
         stats.alignments += 1
         stats.versions[commit.fragment] = commit.version
         self.emit("aligned", fragment=commit.fragment, version=commit.version)

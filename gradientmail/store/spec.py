@@ -63,6 +63,13 @@ class RunSpec:
         every = self.algorithm.sync_every
         return max(self.algorithm.carry_limit_steps, 4 * every) + 4 * every
 
+    @property
+    def carry_room_steps(self) -> int:
+        """The most unmerged steps a learner carries at all (``align.plan_alignment``): what its
+        next contribution can hold with one period of training added, so carrying never makes
+        a contribution the syncer refuses; never less than the carry limit."""
+        return max(self.algorithm.carry_limit_steps, self.max_contribution_steps - self.algorithm.sync_every)
+
     def dtype(self, name: str) -> str:
         """The stored dtype of parameter ``name``."""
         return self.parameters[name].dtype
