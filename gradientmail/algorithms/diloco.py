@@ -138,10 +138,11 @@ class DiLoCo(FrozenConfig):
     (θ ← θ_commit − Δ_unmerged), so its next contribution holds it; False: the guide's
     behaviour, aligning replaces it. See docs/session.md for the measurements behind the default."""
     max_carried_steps: int | None = Field(default=None, gt=0)
-    """Most steps of unmerged work a learner carries across a commit that merged none of it;
-    past it the work is dropped and reported with reason ``carry_limit``. None: 4 ×
-    ``sync_every``. Work since a merged contribution is carried up to what the next
-    contribution may hold (``RunSpec.carry_since_merged_steps``, ``align.plan_alignment``)."""
+    """Most steps of unmerged work a learner carries that a commit passed by before (trained
+    before its anchor, or any when the commit skips versions); past it the work is dropped and
+    reported with reason ``carry_limit``. None: 4 × ``sync_every``. Work trained on the anchor
+    the commit follows is carried up to what the next contribution may hold
+    (``RunSpec.carry_room_steps``, ``align.plan_alignment``)."""
     flush_on_close: bool = True
     """Publish the steps trained since the last contribution when the session closes (a round
     made only of such final contributions commits θ − Δ without momentum); False: the guide's

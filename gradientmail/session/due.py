@@ -2,9 +2,10 @@
 
 ``algorithms.schedule`` says what happens to one fragment at a step (publish at its scheduled
 step, or at half a period with a quorum of one; join a round others opened; wait for a commit
-under ``overlap_steps`` or at the room of the next contribution); these functions apply them to a learner's fragments and keep the
-per-fragment marks (``due_step``, ``half_period_pending``) on each ``LearnerFragment``. The
-session calls them between steps and does the publishing.
+under ``overlap_steps`` or at the room of the next contribution); these functions apply them
+to a learner's fragments and keep the per-fragment marks (``due_step``,
+``half_period_pending``) on each ``LearnerFragment``. The session calls them between steps and
+does the publishing.
 """
 
 from __future__ import annotations

@@ -285,8 +285,8 @@ class Session:
 
         Cheap unless a fragment is due or a commit is ready; blocks only as far as
         ``overlap_steps`` asks, or while a commit is longer in coming than the next
-        contribution's room (``schedule.overlap_bound``). Raises ``DuplicateLearner`` once another process is seen writing
-        this learner's lease (two processes with one id).
+        contribution's room (``schedule.overlap_bound``). Raises ``DuplicateLearner`` once
+        another process is seen writing this learner's lease (two processes with one id).
         """
         if isinstance(samples, bool) or not isinstance(samples, int) or samples < 0:
             raise InvalidConfig("samples", f"must be a non-negative integer, got {samples!r}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gradientmail.algorithms import align, schedule
@@ -63,7 +63,6 @@ class OpenRun:
     next_check: int = 0
     """``next_due``, or earlier the step an outstanding contribution makes the learner wait at
     (``due.next_wait``): what ``step()`` compares against."""
-    _watch: SyncerWatch | None = field(default=None, init=False, repr=False)
     open: bool = True
     """False once closed; the rest stays readable (byte counts, the spec)."""
 
@@ -78,13 +77,9 @@ class OpenRun:
             stats=self.stats,
             clock=self.clock,
         )
-
-    def watch(self) -> SyncerWatch:
+        self.watch = SyncerWatch(self.store, self.spec.lease_ttl_s, self.options.poll_interval_s, self.clock)
         """Whether a live syncer exists to make the commit a wait is for: a run without one
         (every syncer gone past a takeover) does not keep the learner waiting."""
-        if self._watch is None:
-            self._watch = SyncerWatch(self.store, self.spec.lease_ttl_s, self.options.poll_interval_s, self.clock)
-        return self._watch
 
     def rescheduled(self) -> None:
         """The fragments' marks moved: when ``step()`` next calls ``between_steps``."""
@@ -106,7 +101,7 @@ class OpenRun:
         self.rescheduled()
         for state in self.fragments:
             if due.must_wait_for_commit(state, self.stats.steps, self.algorithm.overlap_steps, self.spec.carry_room_steps):
-                self.waits.for_commit(state, watch=self.watch())
+                self.waits.for_commit(state, watch=self.watch)
                 self.rescheduled()
         return due.keeps_attention(self.fragments, self.algorithm, exchange.looking.open_rounds)
 
