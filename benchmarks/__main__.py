@@ -30,7 +30,7 @@ SUITES: dict[str, list[list[str]]] = {
         ["peer_torchft", "--quick"],
     ],
 }
-HELPERS = {"arms", "chaos_worker", "chaos_hostile", "chaos_ledger", "peer_worker", "s3_requests", "timing", "targets"}
+HELPERS = {"arms", "chaos_worker", "chaos_hostile", "chaos_ledger", "cpu", "peer_worker", "s3_requests", "timing", "targets"}
 """Modules of this package that other benchmarks use and that measure nothing themselves (the
 harness shared with the tests is ``testing/``)."""
 THROUGH: dict[str, list[str]] = {

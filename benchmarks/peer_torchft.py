@@ -66,6 +66,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpu import process_cpu_s
 from benchmarks.targets import DEFAULTS, Verdict, at_most, check, verdict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,15 +142,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a live process (Linux /proc), 0.0 where unavailable."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- cores -------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ import numpy as np
 
 import gradientmail as gm
 from benchmarks import s3_requests
+from benchmarks.cpu import CpuSpan, cpu_span
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.backends import get_backend, payload
@@ -264,15 +265,19 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
     blob = np.random.default_rng(1).bytes(max(put_sizes, default=0))
     out: dict[str, Any] = {}
     # sequential single requests
+    server_pid = weed.process.pid
     start = time.monotonic()
     got = 0
-    for key in object_keys:
-        got += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    with cpu_span(server_pid) as get_cpu:
+        for key in object_keys:
+            got += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
     out["single_get_s"] = time.monotonic() - start
     start = time.monotonic()
-    for i, size in enumerate(put_sizes):
-        client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
+    with cpu_span(server_pid) as put_cpu:
+        for i, size in enumerate(put_sizes):
+            client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
     out["single_put_s"] = time.monotonic() - start
+    out["single_cpu"] = {"get": get_cpu.as_json(), "put": put_cpu.as_json(), "both": (get_cpu + put_cpu).as_json()}
     # the same single requests with the sha256 of every body a plain client would take to
     # check or record a blob (the protocol's integrity, docs/protocol.md): a reference beside
     # the floor, what that hash alone costs on this machine
@@ -360,7 +365,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arit
         telemetry_hooks.set_recorder(recorder)
         calls.recording = True
         try:
-            with timed_codec(calls):
+            with timed_codec(calls), cpu_span(weed.process.pid) as pass_cpu:
                 started = time.monotonic()
                 syncer.run_once()
                 ended = time.monotonic()
@@ -399,6 +404,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arit
         phases, written = phase_table(calls, recorder.phases[0], started, ended, m)
         result["phases"] = phases
         result["whole_s"] = ended - started
+        result["cpu"] = pass_cpu.as_json()
         result["fetched_bytes"] = recorder.phases[0].fetched_bytes
         result["written_bytes"] = sum(written)
         if floor:
@@ -614,6 +620,11 @@ def phase_ratios(r: dict[str, Any]) -> dict[str, float]:
     return {"collect": phases[COLLECT_PHASE]["s"] / get_s, "write": phases[WRITE_PHASE]["s"] / put_s}
 
 
+def cpu_ratio(r: dict[str, Any]) -> float:
+    """CPU seconds of the pass, client and server together, ÷ those of the floor's single requests."""
+    return float(r["cpu"]["total_s"] / max(r["floor"]["single_cpu"]["both"]["total_s"], 1e-9))
+
+
 def print_round(r: dict[str, Any]) -> None:
     print(
         f"\n== round: merge {r['merge']} ({r['arithmetic']}), M = {r['m']} contributions of {r['mb']:g} MB fp32, one fragment =="
@@ -644,11 +655,29 @@ def print_round(r: dict[str, Any]) -> None:
                 f"whole / that = {r['whole_s'] / f['hashed_s']:.2f}×; "
                 f"collect / the floor's GET {ratios['collect']:.2f}×, write blobs / its PUT {ratios['write']:.2f}×"
             )
+    if "cpu" in r:
+        print(f"  CPU of the pass: {CpuSpan(**_span_fields(r['cpu'])).line()}")
+    if f and "single_cpu" in f:
+        floor_cpu = f["single_cpu"]["both"]
+        print(f"  CPU of the floor's single requests: {CpuSpan(**_span_fields(floor_cpu)).line()}")
+        if "cpu" in r and floor_cpu["total_s"] > 0:
+            mine = r["cpu"]
+            client = mine["client_s"] / max(floor_cpu["client_s"], 1e-9)
+            server = (mine["server_s"] or 0.0) / max(floor_cpu["server_s"] or 0.0, 1e-9)
+            print(
+                f"  (information) CPU-s of the pass ÷ the floor's: client {client:.2f}×, server {server:.2f}×, "
+                f"both {mine['total_s'] / floor_cpu['total_s']:.2f}×"
+            )
     q = r["requests"]
     print(f"  requests, syncer's closing pass: {fmt_counts(q['syncer_round_pass'])}")
     print(f"  requests, syncer's idle pass:    {fmt_counts(q['syncer_idle_pass'])}")
     print(f"  requests, one learner's publish: {fmt_counts(q['publish_per_learner'])}")
     print(f"  requests, one learner's fetch of the commit: {fmt_counts(q['fetch_commit_per_learner'])}")
+
+
+def _span_fields(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A :class:`CpuSpan`'s own fields out of its JSON (which adds the derived sums)."""
+    return {name: recorded[name] for name in ("wall_s", "user_s", "system_s", "minor_faults", "server_s")}
 
 
 def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
@@ -697,9 +726,11 @@ def rounds_only(args: argparse.Namespace) -> int:
             for m, mb in sweep:
                 r = one_round(weed, merges[0], int(m), mb, floor=True, arithmetic=forms[-1])
                 swept.append(r)
+                ratios = phase_ratios(r)
                 print(
                     f"  sweep M = {int(m):2d} × {mb:5g} MB ({r['arithmetic']}): {r['whole_s']:7.3f} s, "
-                    f"floor {r['floor']['floor_s']:7.3f} s, {r['ratio']:.2f}×"
+                    f"floor {r['floor']['floor_s']:7.3f} s, {r['ratio']:.2f}×; collect ÷ GETs {ratios['collect']:.2f}×, "
+                    f"write ÷ PUTs {ratios['write']:.2f}×, CPU-s ÷ the floor's {cpu_ratio(r):.2f}×"
                 )
         finally:
             weed.stop()
@@ -726,6 +757,10 @@ def rounds_only(args: argparse.Namespace) -> int:
                 ),
                 information(f"collect ÷ the floor's GETs, {merge} ({form})", [phase_ratios(r)["collect"] for r in mine]),
                 information(f"write blobs ÷ the floor's PUTs, {merge} ({form})", [phase_ratios(r)["write"] for r in mine]),
+                information(
+                    f"CPU-s of the pass (client + server) ÷ the floor's single requests', {merge} ({form})",
+                    [cpu_ratio(r) for r in mine],
+                ),
             ]
     fit = None
     if len(swept) >= 3:

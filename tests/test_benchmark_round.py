@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -86,5 +87,27 @@ def test_the_rounds_only_mode_times_both_arithmetics_and_fits_the_sweep(tmp_path
     result = json.loads(out.read_text())
     assert [(r["merge"], r["arithmetic"]) for r in result["rounds"]] == [("rda", "normalized"), ("rda", "streamed")]
     assert all(r["floor"]["floor_s"] > 0 and r["phases"]["merge"]["s"] >= 0 for r in result["rounds"])
+    for r in result["rounds"]:  # the pass and the floor split into client and server CPU seconds
+        assert r["cpu"]["wall_s"] > 0 and r["cpu"]["server_s"] is not None
+        assert r["floor"]["single_cpu"]["both"]["server_s"] is not None
+    assert "CPU-s of the pass ÷ the floor's" in done.stdout
     assert [(r["m"], r["mb"]) for r in result["sweep"]] == [(2, 1.0), (3, 1.0), (2, 2.0)]
     assert set(result["fit"]) == {"round", "floor"} and all(fit["r2"] <= 1.0 for fit in result["fit"].values())
+
+
+def test_a_cpu_span_counts_this_process_and_the_server_apart():
+    """``benchmarks.cpu``: work in this process is the client's; a busy child is the server's."""
+    from benchmarks.cpu import cpu_span
+
+    child = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    try:
+        with cpu_span(child.pid) as span:
+            end = time.process_time() + 0.3
+            while time.process_time() < end:
+                pass
+        assert span.user_s + span.system_s >= 0.25
+        assert span.server_s is not None and span.server_s > 0.05
+        assert span.total_s == pytest.approx(span.client_s + span.server_s)
+    finally:
+        child.kill()
+        child.wait()

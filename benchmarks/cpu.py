@@ -1,0 +1,97 @@
+"""CPU seconds of this process and of a server process over a span of a benchmark (Linux /proc).
+
+On a machine whose cores the client and a loopback server share, wall time hides who spent
+what: a round can be slower than its floor because the client hashes, because the server
+works harder for ranged requests, or because fresh memory is expensive to touch (a VM that
+gives idle pages back to its host pays a host fault on the next touch). A :class:`CpuSpan`
+splits the span into the client's user and system seconds, its minor page faults, and the
+server's seconds, so each phase can be set against the same split of its floor.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CpuSpan", "cpu_span", "process_cpu_s"]
+
+
+def process_cpu_s(pid: int) -> float:
+    """utime + stime of a live process (every thread), 0.0 where unavailable."""
+    fields = _stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+
+
+def _stat(pid: int | str) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return []
+
+
+def _minor_faults() -> int:
+    fields = _stat("self")
+    return int(fields[7]) if fields else 0
+
+
+@dataclass
+class CpuSpan:
+    """What one span cost: wall seconds; the client's user and system CPU seconds (every
+    thread of this process) and minor page faults; the server's CPU seconds (None: no server)."""
+
+    wall_s: float = 0.0
+    user_s: float = 0.0
+    system_s: float = 0.0
+    minor_faults: int = 0
+    server_s: float | None = None
+
+    @property
+    def client_s(self) -> float:
+        return self.user_s + self.system_s
+
+    @property
+    def total_s(self) -> float:
+        return self.client_s + (self.server_s or 0.0)
+
+    def __add__(self, other: CpuSpan) -> CpuSpan:
+        server = None if self.server_s is None and other.server_s is None else (self.server_s or 0.0) + (other.server_s or 0.0)
+        return CpuSpan(
+            self.wall_s + other.wall_s,
+            self.user_s + other.user_s,
+            self.system_s + other.system_s,
+            self.minor_faults + other.minor_faults,
+            server,
+        )
+
+    def line(self) -> str:
+        server = "" if self.server_s is None else f", server {self.server_s:.2f}"
+        return (
+            f"wall {self.wall_s:.2f} s; CPU-s client {self.client_s:.2f} (user {self.user_s:.2f} + system "
+            f"{self.system_s:.2f}, {self.minor_faults} minor faults){server}"
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "client_s": self.client_s, "total_s": self.total_s}
+
+
+@contextmanager
+def cpu_span(server_pid: int | None = None) -> Iterator[CpuSpan]:
+    """Measure the ``with`` block; the span's figures are filled in when it ends."""
+    span = CpuSpan()
+    started, times, faults = time.monotonic(), os.times(), _minor_faults()
+    server = process_cpu_s(server_pid) if server_pid else None
+    try:
+        yield span
+    finally:
+        ended = os.times()
+        span.wall_s = time.monotonic() - started
+        span.user_s = ended.user - times.user
+        span.system_s = ended.system - times.system
+        span.minor_faults = _minor_faults() - faults
+        if server_pid and server is not None:
+            span.server_s = process_cpu_s(server_pid) - server
