@@ -78,6 +78,19 @@ class CpuSpan:
     def as_json(self) -> dict[str, Any]:
         return {**asdict(self), "client_s": self.client_s, "total_s": self.total_s}
 
+    @classmethod
+    def from_json(cls, recorded: dict[str, Any]) -> CpuSpan:
+        """The span :meth:`as_json` wrote (its derived sums left out)."""
+        return cls(**{name: recorded[name] for name in ("wall_s", "user_s", "system_s", "minor_faults", "server_s")})
+
+    def against(self, reference: CpuSpan) -> dict[str, float]:
+        """CPU seconds of this span ÷ those of ``reference``: client, server and both."""
+        return {
+            "client": self.client_s / max(reference.client_s, 1e-9),
+            "server": (self.server_s or 0.0) / max(reference.server_s or 0.0, 1e-9),
+            "both": self.total_s / max(reference.total_s, 1e-9),
+        }
+
 
 @contextmanager
 def cpu_span(server_pid: int | None = None) -> Iterator[CpuSpan]:

@@ -266,17 +266,15 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
     out: dict[str, Any] = {}
     # sequential single requests
     server_pid = weed.process.pid
-    start = time.monotonic()
     got = 0
     with cpu_span(server_pid) as get_cpu:
         for key in object_keys:
             got += len(client.get_object(Bucket=bucket, Key=key)["Body"].read())
-    out["single_get_s"] = time.monotonic() - start
-    start = time.monotonic()
+    out["single_get_s"] = get_cpu.wall_s
     with cpu_span(server_pid) as put_cpu:
         for i, size in enumerate(put_sizes):
             client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
-    out["single_put_s"] = time.monotonic() - start
+    out["single_put_s"] = put_cpu.wall_s
     out["single_cpu"] = {"get": get_cpu.as_json(), "put": put_cpu.as_json(), "both": (get_cpu + put_cpu).as_json()}
     # the same single requests with the sha256 of every body a plain client would take to
     # check or record a blob (the protocol's integrity, docs/protocol.md): a reference beside
@@ -622,7 +620,7 @@ def phase_ratios(r: dict[str, Any]) -> dict[str, float]:
 
 def cpu_ratio(r: dict[str, Any]) -> float:
     """CPU seconds of the pass, client and server together, ÷ those of the floor's single requests."""
-    return float(r["cpu"]["total_s"] / max(r["floor"]["single_cpu"]["both"]["total_s"], 1e-9))
+    return CpuSpan.from_json(r["cpu"]).against(CpuSpan.from_json(r["floor"]["single_cpu"]["both"]))["both"]
 
 
 def print_round(r: dict[str, Any]) -> None:
@@ -656,28 +654,21 @@ def print_round(r: dict[str, Any]) -> None:
                 f"collect / the floor's GET {ratios['collect']:.2f}×, write blobs / its PUT {ratios['write']:.2f}×"
             )
     if "cpu" in r:
-        print(f"  CPU of the pass: {CpuSpan(**_span_fields(r['cpu'])).line()}")
+        print(f"  CPU of the pass: {CpuSpan.from_json(r['cpu']).line()}")
     if f and "single_cpu" in f:
-        floor_cpu = f["single_cpu"]["both"]
-        print(f"  CPU of the floor's single requests: {CpuSpan(**_span_fields(floor_cpu)).line()}")
-        if "cpu" in r and floor_cpu["total_s"] > 0:
-            mine = r["cpu"]
-            client = mine["client_s"] / max(floor_cpu["client_s"], 1e-9)
-            server = (mine["server_s"] or 0.0) / max(floor_cpu["server_s"] or 0.0, 1e-9)
+        floor_cpu = CpuSpan.from_json(f["single_cpu"]["both"])
+        print(f"  CPU of the floor's single requests: {floor_cpu.line()}")
+        if "cpu" in r:
+            ratio = CpuSpan.from_json(r["cpu"]).against(floor_cpu)
             print(
-                f"  (information) CPU-s of the pass ÷ the floor's: client {client:.2f}×, server {server:.2f}×, "
-                f"both {mine['total_s'] / floor_cpu['total_s']:.2f}×"
+                f"  (information) CPU-s of the pass ÷ the floor's: client {ratio['client']:.2f}×, "
+                f"server {ratio['server']:.2f}×, both {ratio['both']:.2f}×"
             )
     q = r["requests"]
     print(f"  requests, syncer's closing pass: {fmt_counts(q['syncer_round_pass'])}")
     print(f"  requests, syncer's idle pass:    {fmt_counts(q['syncer_idle_pass'])}")
     print(f"  requests, one learner's publish: {fmt_counts(q['publish_per_learner'])}")
     print(f"  requests, one learner's fetch of the commit: {fmt_counts(q['fetch_commit_per_learner'])}")
-
-
-def _span_fields(recorded: dict[str, Any]) -> dict[str, Any]:
-    """A :class:`CpuSpan`'s own fields out of its JSON (which adds the derived sums)."""
-    return {name: recorded[name] for name in ("wall_s", "user_s", "system_s", "minor_faults", "server_s")}
 
 
 def linear_fit(x: list[float], y: list[float]) -> dict[str, float]:
