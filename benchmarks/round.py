@@ -23,7 +23,7 @@ pass, each learner's publish and each learner's fetch of the commit (``newest_ve
 ``--count-mb`` and for the timed round at ``--mb``. Idle: real ``gm.Session`` learners at the
 shipped defaults (NumPy model; every node also stands for syncer) joined to a run, not stepping,
 for ``--idle-s`` seconds after ``--settle-s``, 1, 3 and 8 of them (``--idle-only`` measures just
-these, taking the round's requests from ``--round-requests``). Training: ``--train-learners``
+these and judges their target alone: no rounds, no training, no cost). Training: ``--train-learners``
 real sessions at the defaults stepping on threads so that the run commits once per
 ``--train-period-s`` (8 learners, once a minute), counted for ``--train-s`` seconds: a day of
 their requests at AWS S3 list prices, beside the model (rounds × the round's requests + a day of
@@ -797,12 +797,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--idle-only",
         action="store_true",
-        help="measure the idle learners only; the round's requests for the cost and the verdict come from --round-requests",
-    )
-    parser.add_argument(
-        "--round-requests",
-        default="ListObjectsV2=0",
-        help="with --idle-only: the timed round's requests by operation, OP=N,... (from an earlier full run's JSON)",
+        help="measure the idle learners only and judge their target alone (no rounds, training or cost)",
     )
     parser.add_argument(
         "--rounds-only",
@@ -826,7 +821,18 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="runs of every judged figure (rounds per arm, idle and training; default 3, --quick 1); the median decides",
     )
+    parser.add_argument(
+        "--memory",
+        choices=("retained", "returned"),
+        default="retained",
+        help="retained: the process keeps what it frees (gm.retain_freed_memory), as a gradientmail node does; "
+        "returned: glibc's defaults, every large buffer mapped afresh (the comparison runs one process per setting)",
+    )
     args = parser.parse_args(argv)
+    if args.memory == "retained":
+        print(f"memory: retained (gm.retain_freed_memory applied: {gm.retain_freed_memory()})")
+    else:
+        print("memory: returned (the allocator's defaults)")
     if args.repeat is None:
         args.repeat = 1 if args.quick else MIN_RUNS
     if args.rounds_only:
@@ -860,12 +866,13 @@ def main(argv: list[str] | None = None) -> int:
                         print_round(r)
                         rounds.append(r)
                 idle_runs.append([idle_learners(weed, k, args.idle_s, args.settle_s) for k in idle_ks])
-                training_runs.append(
-                    training_learners(weed, args.train_learners, args.train_period_s, args.train_s, args.train_settle_s)
-                )
+                if not args.idle_only:  # --idle-only: the idle learners alone (training takes minutes per repeat)
+                    training_runs.append(
+                        training_learners(weed, args.train_learners, args.train_period_s, args.train_s, args.train_settle_s)
+                    )
             if not args.idle_only:
                 counts = [one_round(weed, merges[0], m, args.count_mb, floor=False) for m in count_ms]
-            idle, training = idle_runs[-1], training_runs[-1]  # the detailed report shows the last repeat
+            idle = idle_runs[-1]  # the detailed report shows the last repeat
         finally:
             weed.stop()
 
@@ -887,13 +894,10 @@ def main(argv: list[str] | None = None) -> int:
     if rounds:
         timed = rounds[0]
         per_round_timed = timed["requests"]["per_round"]
-    else:  # --idle-only: the round's requests as given
-        per_round_timed = {op: float(n) for op, n in (item.split("=") for item in args.round_requests.split(",") if item)}
-        timed = {"m": args.m, "mb": args.mb}
-    print(
-        f"  the timed round (M = {timed['m']}, {timed['mb']:g} MB): {sum(per_round_timed.values()):.0f} requests "
-        f"({fmt_counts(per_round_timed)}){' (given, not measured)' if not rounds else ''}"
-    )
+        print(
+            f"  the timed round (M = {timed['m']}, {timed['mb']:g} MB): {sum(per_round_timed.values()):.0f} requests "
+            f"({fmt_counts(per_round_timed)})"
+        )
 
     print(f"\n== idle requests per second (real gm.Session learners, the shipped defaults, not stepping, {args.idle_s:g} s) ==")
     for run in idle:
@@ -910,6 +914,20 @@ def main(argv: list[str] | None = None) -> int:
             mean = s3_requests.add(*(n["per_s"] for n in others), scale=1 / len(others))
             print(f"    each other node:     {fmt_counts({op: round(n, 2) for op, n in mean.items()})}")
 
+    worst_idles = [max(sum(run["per_learner_per_s"].values()) for run in runs) for runs in idle_runs]
+    idle_verdict = verdict(
+        f"idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second, the worst of {', '.join(map(str, idle_ks))} learners",
+        worst_idles,
+        at_most(TARGET_IDLE_PER_S),
+    )
+    if args.idle_only:  # no training measured: the idle verdict alone
+        print(f"\n== targets ==\n  {idle_verdict.line('{:.2f}')}")
+        given = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"args": given, "idle_runs": idle_runs, "targets": [idle_verdict.as_json()]}, indent=2))
+        print(f"\nwrote {out}")
+        return 0
+    training = training_runs[-1]
     train_per_s = training["total_per_s"]
     train_total = sum(train_per_s.values())
     commits_per_min = training["commits"] / training["seconds"] * 60
@@ -967,7 +985,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  (idle polling at {COST_LEARNERS} learners extrapolated from the measured counts, per learner never falling)")
 
     round_requests = sum(per_round_timed.values())
-    worst_idles = [max(sum(run["per_learner_per_s"].values()) for run in runs) for runs in idle_runs]
     days = [with_timed_round(t, per_round_timed, small)["total_usd"] for t in training_runs]
     cost_setting = DEFAULTS if at_target else f"{training['learners']} learners at a {args.train_period_s:g} s period"
     verdicts = [
@@ -979,13 +996,7 @@ def main(argv: list[str] | None = None) -> int:
         for merge in merges
         if rounds
     ]
-    verdicts.append(
-        verdict(
-            f"idle requests ≤ {TARGET_IDLE_PER_S:g} per learner per second, the worst of {', '.join(map(str, idle_ks))} learners",
-            worst_idles,
-            at_most(TARGET_IDLE_PER_S),
-        )
-    )
+    verdicts.append(idle_verdict)
     verdicts.append(
         verdict(
             f"{COST_LEARNERS} learners committing once a minute ≤ ${TARGET_USD_PER_DAY:g}/day at list prices "

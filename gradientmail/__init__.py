@@ -37,6 +37,7 @@ from gradientmail.errors import (
     VersionConflict,
 )
 from gradientmail.mailbox import FileMailbox, Mailbox, MemoryMailbox, MinioMailbox, S3Mailbox, open_mailbox
+from gradientmail.memory import retain_freed_memory
 from gradientmail.records.auth import RunKey
 from gradientmail.session import Barrier, BarrierRelease, LedgerView, Session, SessionEvent, SessionOptions, SyncerNode, align
 from gradientmail.settings import NodeSettings, session_from_env
@@ -55,6 +56,7 @@ __all__ = [
     "Retention",
     "NodeSettings",
     "session_from_env",
+    "retain_freed_memory",
     "telemetry",
     "Mailbox",
     "MemoryMailbox",

