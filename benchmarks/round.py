@@ -545,17 +545,21 @@ def _learners(weed: Seaweed, k: int, seconds: float, settle_s: float, *, step_s:
                 thread.start()
         time.sleep(settle_s)  # the election settles; one-time checks done; training reaches its pace
         version_before = _newest(boxes[0])  # before the count begins, as the one after it ends
-        before = [c.requests() for c in counters]
+        before = [(c.requests(), c.purposes()) for c in counters]
         start = time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - start
-        after = [c.requests() for c in counters]
+        after = [(c.requests(), c.purposes()) for c in counters]
         commits = _newest(boxes[0]) - version_before
         nodes = []
-        for session, b, a in zip(sessions, before, after, strict=True):
+        for session, (b, b_for), (a, a_for) in zip(sessions, before, after, strict=True):
             syncer = session.syncer
-            per_s = {op: n / elapsed for op, n in s3_requests.diff(a, b).items()}
-            nodes.append({"learner": session.learner_id, "leader": bool(syncer and syncer.election.is_leader), "per_s": per_s})
+            nodes.append({
+                "learner": session.learner_id,
+                "leader": bool(syncer and syncer.election.is_leader),
+                "per_s": {op: n / elapsed for op, n in s3_requests.diff(a, b).items()},
+                "per_s_by_purpose": {what: n / elapsed for what, n in s3_requests.diff(a_for, b_for).items()},
+            })  # fmt: skip
     finally:
         stop.set()
         for thread in threads:
@@ -603,6 +607,12 @@ def idle_at(idle: list[dict[str, Any]], k: int) -> dict[str, float]:
 # -- report ---------------------------------------------------------------------------------------
 def fmt_counts(counts: dict[str, float]) -> str:
     return ", ".join(f"{op} {n:g}" for op, n in counts.items()) or "none"
+
+
+def print_purposes(per_s: dict[str, float]) -> None:
+    """One line per thing a node's requests were for (``s3_requests.purpose``), most first."""
+    for what, n in sorted(per_s.items(), key=lambda item: -item[1]):
+        print(f"      {n:5.2f}/s  {what}")
 
 
 COLLECT_PHASE = "collect (fetch, sha256, decode ahead ∥ validate)"
@@ -910,9 +920,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         if leader:
             print(f"    elected syncer node: {fmt_counts({op: round(n, 2) for op, n in leader[0]['per_s'].items()})}")
+            print_purposes(leader[0]["per_s_by_purpose"])
         if others:
             mean = s3_requests.add(*(n["per_s"] for n in others), scale=1 / len(others))
             print(f"    each other node:     {fmt_counts({op: round(n, 2) for op, n in mean.items()})}")
+            print_purposes(s3_requests.add(*(n["per_s_by_purpose"] for n in others), scale=1 / len(others)))
 
     worst_idles = [max(sum(run["per_learner_per_s"].values()) for run in runs) for runs in idle_runs]
     idle_verdict = verdict(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.s3_requests import daily_cost, price_class
+from benchmarks.s3_requests import daily_cost, price_class, purpose
 from tests.seaweedfs import find_weed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,6 +24,20 @@ def test_price_classes_and_daily_cost():
     cost = daily_cost({"PutObject": 1000, "ListObjectsV2": 1000, "GetObject": 10_000, "DeleteObject": 5})
     assert cost["put_requests"] == 2000 and cost["get_requests"] == 10_000 and cost["delete_requests"] == 5
     assert cost["total_usd"] == pytest.approx(2 * 0.005 + 10 * 0.0004)
+
+
+def test_a_request_is_counted_by_what_it_names_in_the_run_s_layout():
+    """``s3_requests.purpose``: the run's prefix and ids fall away; a LIST by the folder it reads."""
+    base = "http://127.0.0.1:8333/bucket/bench-idle/8-0a1b2c3d"
+    assert purpose("PutObject", f"{base}/leases/learners/idle-3.json") == "PutObject leases/learners/{learner}.json"
+    assert purpose("GetObject", f"{base}/leases/syncer.json") == "GetObject leases/syncer.json"
+    assert purpose("HeadObject", f"{base}/fragments/0002/head.json") == "HeadObject fragments/{f}/head.json"
+    blob = f"{base}/fragments/0000/contributions/0000000004/idle-1-0000000007.safetensors?partNumber=2&uploadId=x"
+    assert purpose("UploadPart", blob) == "UploadPart fragments/{f}/contributions/{v}/{learner}-{n}.safetensors"
+    listing = "http://127.0.0.1:8333/bucket?list-type=2&prefix=bench-idle%2F8-0a1b2c3d%2Ffragments%2F0001%2Fcontributions%2F"
+    assert purpose("ListObjectsV2", listing) == "ListObjectsV2 fragments/{f}/contributions/"
+    assert purpose("PutObject", f"{base}/leases/learners/bad id!.json") == "PutObject another object"
+    assert purpose("HeadBucket", "http://127.0.0.1:8333/bucket") == "HeadBucket the bucket"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ import gradientmail as gm
 from gradientmail.session.looking import BULLETIN_CHECK_TTLS
 from gradientmail.store import ContributionCounts
 from gradientmail.store.leases import CLOCK_RESAMPLE_WRITES
-from gradientmail.syncer.pacing import HEAD_PROBE_TTLS
+from gradientmail.syncer.pacing import HEAD_PROBE_TTLS, LEASE_READ_IDLE_INTERVALS
 from tests.node_sim import IDLE_S, POLL_S, TTL_S, Sim, idle_rates
 
 
@@ -29,7 +29,8 @@ def test_idle_requests_per_learner_do_not_grow_with_the_learner_count():
     # the read is the election's watch, and the learner follows the bulletin in it without a
     # request of its own; a node not elected checks one fragment from its head pointer (a GET
     # and two HEADs) once per BULLETIN_CHECK_TTLS TTLs. The elected node besides: a LIST of the
-    # learners' leases and a GET of each but its own, once per TTL/3; a LIST of its
+    # learners' leases and a GET of each but its own, once per LEASE_READ_IDLE_INTERVALS idle
+    # intervals (TTL/2); a LIST of its
     # contributions, backed off to once per TTL/3 (once per HEAD_PROBE_TTLS TTLs while no other
     # learner trains); and a HEAD of the fragment's next version once per HEAD_PROBE_TTLS TTLs.
     # Every node's lease writes (its own, and the syncer lease while it holds it) sample the
@@ -40,7 +41,7 @@ def test_idle_requests_per_learner_do_not_grow_with_the_learner_count():
         every_node = 2 / IDLE_S + (1 + 1 / k) / IDLE_S / CLOCK_RESAMPLE_WRITES
         check = 3 / (BULLETIN_CHECK_TTLS * TTL_S) * (k - 1) / k
         collect = 1 / IDLE_S if k > 1 else 1 / slow
-        elected = (1 + (k - 1)) / IDLE_S + collect + 1 / slow
+        elected = (1 + (k - 1)) / (LEASE_READ_IDLE_INTERVALS * IDLE_S) + collect + 1 / slow
         assert rate <= 1.05 * (every_node + check + elected / k), (k, rate, rates[k][1])
 
 
@@ -56,7 +57,7 @@ def test_an_idle_learner_reads_no_lease_but_the_syncers():
             assert node.box.counts["list"] == 0  # rounds others opened are in the syncer's bulletin
             assert node.box.counts["exists"] == 0  # so are the fragments' new versions
             assert node.box.counts["get_versioned"] <= 60.0 / IDLE_S + 1  # the syncer lease only, once per idle interval
-    assert leader.box.counts["get_versioned"] <= 4 * (60.0 / IDLE_S + 1)  # the learners' leases
+    assert leader.box.counts["get_versioned"] <= 4 * (60.0 / (LEASE_READ_IDLE_INTERVALS * IDLE_S) + 1)  # the learners' leases
 
 
 def test_a_dead_syncer_is_replaced_within_a_ttl_and_a_poll():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gradientmail.records import Lease
-from gradientmail.syncer.pacing import SyncerPacing
+from gradientmail.syncer.pacing import LEASE_READ_IDLE_INTERVALS, SyncerPacing
 
 POLL_S = 0.2
 IDLE_S = 10.0 / 3
@@ -50,9 +50,11 @@ def test_a_lease_saying_a_contribution_is_due_opens_a_window_the_next_pass_is_ti
 
 
 def test_leases_are_read_at_poll_pace_while_a_round_waits_and_when_one_expires() -> None:
+    """Idle, the leases are read less often than learners renew them (every TTL/3 = IDLE_S), so
+    every read finds each live lease changed; a lease that stops is read when it would expire."""
     pacing = SyncerPacing(POLL_S, IDLE_S)
     pacing.leases_read_at = 0.0
-    assert pacing.leases_in(0.0, waiting=False, expiries_s=[]) == IDLE_S
+    assert pacing.leases_in(0.0, waiting=False, expiries_s=[]) == LEASE_READ_IDLE_INTERVALS * IDLE_S > IDLE_S
     assert pacing.leases_in(0.0, waiting=True, expiries_s=[]) == POLL_S
     assert pacing.leases_in(0.0, waiting=False, expiries_s=[1.0]) == 1.0
     assert pacing.leases_due(0.0) and not pacing.leases_due(1.0)

@@ -196,6 +196,11 @@ lease is judged dead at most this much (besides the stamp's resolution) after it
 CLOCK_RESAMPLE_WRITES = 10
 """Once the clock is pinned, every this many lease writes is sampled (at TTL 10 s and two
 leases a node, a HEAD every 17 s): a store clock that stepped restarts the bounds that soon."""
+CLOCK_WIDE_SAMPLES = 20
+"""While the clock is not pinned, each lease write is sampled until this many samples stand
+behind the bounds (the timed writes of :class:`ClockProbing` and a few more), then one in
+``CLOCK_RESAMPLE_WRITES``: on a loaded machine the bounds may stay wider than
+``CLOCK_TARGET_S``, and a HEAD per renewal would then be a third of a node's idle requests."""
 
 
 PROBE_WRITES = 16
@@ -240,7 +245,7 @@ def sample_lease_write(store: RunStore, store_clock: StoreClock, name: LeaseName
     returned ``token`` to ``store_clock`` when a sample is due (``StoreClock.sample_due``): one
     HEAD for the store's stamp of it. A failed HEAD only costs the sample."""
     returned = clock()
-    if not store_clock.sample_due(CLOCK_TARGET_S, CLOCK_RESAMPLE_WRITES):
+    if not store_clock.sample_due(CLOCK_TARGET_S, CLOCK_RESAMPLE_WRITES, CLOCK_WIDE_SAMPLES):
         return
     try:
         sample = store.leases.write_sample(name.key, token, sent, returned)

@@ -108,12 +108,15 @@ class StoreClock:
         floor = max(target_s, self.round_trip_s / 2 if math.isfinite(self.round_trip_s) else 0.0)
         return self.resolution_s > 0 and self.uncertainty_s > floor
 
-    def sample_due(self, target_s: float, every: int) -> bool:
+    def sample_due(self, target_s: float, every: int, wide_samples: int) -> bool:
         """Whether to sample the write about to be made (a HEAD for its stamp): each one while a
-        sample could still narrow the bounds below ``target_s`` (:meth:`worth_probing`), then
-        every ``every``-th, so a stepped store clock shows as a restart. Counts the writes."""
+        sample could still narrow the bounds below ``target_s`` (:meth:`worth_probing`), for at
+        most ``wide_samples`` samples behind the bounds (writes on a busy machine may never pin
+        the clock, and a HEAD per renewal forever is a request per lease per TTL/3 that narrows
+        nothing), then every ``every``-th, so a stepped store clock shows as a
+        restart (which starts the count again). Counts the writes."""
         self._writes += 1
-        return self.worth_probing(target_s) or self._writes % every == 0
+        return (self.worth_probing(target_s) and self.samples < wide_samples) or self._writes % every == 0
 
     def next_probe_at(self, now: float) -> float:
         """When to send the next probe, not before ``now`` (``now`` itself when the bounds are
