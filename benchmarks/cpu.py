@@ -10,6 +10,7 @@ server's seconds, so each phase can be set against the same split of its floor.
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSpan", "cpu_span", "process_cpu_s"]
+__all__ = ["CpuSpan", "add_memory_option", "apply_memory_option", "cpu_span", "process_cpu_s"]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -108,3 +109,32 @@ def cpu_span(server_pid: int | None = None) -> Iterator[CpuSpan]:
         span.minor_faults = _minor_faults() - faults
         if server_pid and server is not None:
             span.server_s = process_cpu_s(server_pid) - server
+
+
+MEMORY_SETTINGS = ("retained", "returned")
+
+
+def add_memory_option(parser: argparse.ArgumentParser, default: str) -> None:
+    """``--memory retained|returned``: whether the benchmark's process keeps what it frees
+    (``gm.retain_freed_memory``). Process-wide and not undoable, so a comparison runs one process
+    per setting."""
+    parser.add_argument(
+        "--memory",
+        choices=MEMORY_SETTINGS,
+        default=default,
+        help="retained: the process keeps what it frees (gm.retain_freed_memory), as a gradientmail node does; "
+        f"returned: glibc's defaults, every large buffer mapped afresh (default {default}; one process per setting)",
+    )
+
+
+def apply_memory_option(setting: str) -> bool:
+    """Apply ``--memory`` (before the benchmark starts threads) and print which setting runs;
+    returns whether freed memory is retained."""
+    import gradientmail as gm
+
+    if setting == "retained":
+        applied = gm.retain_freed_memory()
+        print(f"memory: retained (gm.retain_freed_memory applied: {applied})")
+        return applied
+    print("memory: returned (the allocator's defaults)")
+    return False

@@ -55,7 +55,7 @@ import numpy as np
 
 import gradientmail as gm
 from benchmarks import s3_requests
-from benchmarks.cpu import CpuSpan, cpu_span
+from benchmarks.cpu import CpuSpan, add_memory_option, apply_memory_option, cpu_span
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.backends import get_backend, payload
@@ -831,18 +831,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="runs of every judged figure (rounds per arm, idle and training; default 3, --quick 1); the median decides",
     )
-    parser.add_argument(
-        "--memory",
-        choices=("retained", "returned"),
-        default="retained",
-        help="retained: the process keeps what it frees (gm.retain_freed_memory), as a gradientmail node does; "
-        "returned: glibc's defaults, every large buffer mapped afresh (the comparison runs one process per setting)",
-    )
+    add_memory_option(parser, default="retained")  # as a gradientmail node runs
     args = parser.parse_args(argv)
-    if args.memory == "retained":
-        print(f"memory: retained (gm.retain_freed_memory applied: {gm.retain_freed_memory()})")
-    else:
-        print("memory: returned (the allocator's defaults)")
+    apply_memory_option(args.memory)
     if args.repeat is None:
         args.repeat = 1 if args.quick else MIN_RUNS
     if args.rounds_only:

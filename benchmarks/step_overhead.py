@@ -18,7 +18,11 @@ Three measurements, one run:
   the goodput runs, and optionally with a second learner in another process
   (``--second-learner``).
 
-Run: ``python -m benchmarks.step_overhead [--quick] [--json PATH]``; the JSON goes to
+``--memory retained`` runs the whole process (bare loop and session alike) with
+``gm.retain_freed_memory()`` applied first, as a ``gradientmail node`` runs; the default,
+``returned``, is a user's own script that does not call it.
+
+Run: ``python -m benchmarks.step_overhead [--quick] [--memory retained|returned] [--json PATH]``; the JSON goes to
 ``runs/step-overhead-<UTC time>/result.json`` unless ``--json`` names another path.
 """
 
@@ -41,6 +45,7 @@ import numpy as np
 import torch
 
 import gradientmail as gm
+from benchmarks.cpu import add_memory_option, apply_memory_option
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 
 IDLE_STEPS = 200_000
@@ -278,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--second-learner", action="store_true", help="also measure latency with a learner in another process")
     parser.add_argument("--latency-only", action="store_true", help="skip the goodput runs (idle and small-model latency)")
     parser.add_argument("--only", type=int, action="append", default=None, help="only this H (repeatable)")
+    add_memory_option(parser, default="returned")  # a user's own training script, unless it calls gm.retain_freed_memory()
     args = parser.parse_args(argv)
+    retained = apply_memory_option(args.memory)  # before torch starts its threads
     torch.set_num_threads(args.threads)
     repeats = 1 if args.quick else args.repeats
     plan = {20: 60 if args.quick else 120, 100: 150 if args.quick else 300}
@@ -291,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads, "python": sys.version.split()[0]},
         "model": {"parameters": sum(p.numel() for p in build_model().parameters()), "fragments": FRAGMENTS},
         "poll_interval_s": args.poll_interval,
+        "memory": {"setting": args.memory, "retained": retained},
     }
     idle_runs = [idle_overhead() for _ in range(MIN_RUNS)]
     idle = idle_runs[len(idle_runs) // 2]
