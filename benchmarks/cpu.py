@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CpuSpan", "add_memory_option", "apply_memory_option", "cpu_span", "process_cpu_s"]
+__all__ = ["CpuSpan", "ThreadCpu", "add_memory_option", "apply_memory_option", "cpu_span", "process_cpu_s", "thread_group"]
 
 
 def process_cpu_s(pid: int) -> float:
@@ -109,6 +110,91 @@ def cpu_span(server_pid: int | None = None) -> Iterator[CpuSpan]:
         span.minor_faults = _minor_faults() - faults
         if server_pid and server is not None:
             span.server_s = process_cpu_s(server_pid) - server
+
+
+def thread_group(name: str) -> str:
+    """The family a thread's name belongs to: ``gm-fetch-learner-a_0`` and ``gm-fetch-learner-b_1``
+    are both ``gm-fetch``, ``gm-kernel_0`` is ``gm-kernel``; other names stay as they are."""
+    stem = name.split("_", 1)[0]
+    return "-".join(stem.split("-")[:2]) if stem.startswith("gm-") else name
+
+
+class ThreadCpu:
+    """CPU seconds of each thread of this process over a ``with`` block, summed by
+    :func:`thread_group` of its Python name (Linux ``/proc/self/task``). Sampled every
+    ``interval_s`` and once at the end, so a pool thread that ends inside the block counts up
+    to its last sample; ``missed_s`` is the process's CPU seconds that no sample saw (threads
+    shorter than an interval, the tails of ended ones), the sampler's own left out."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self._start: dict[tuple[int, int], tuple[float, float]] = {}
+        self._last: dict[tuple[int, int], tuple[str, float, float]] = {}
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._run, name="benchmark-thread-cpu", daemon=True)
+        self._sampler_cpu_s = 0.0
+        self._process_started = 0.0
+        self.missed_s = 0.0
+
+    def __enter__(self) -> ThreadCpu:
+        self._process_started = time.process_time()
+        for key, _, cpu, system in self._threads():
+            self._start[key] = (cpu, system)
+        self._sample()
+        self._sampler.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._sampler.join()
+        self._sample()
+        seen = sum(self.by_group().values())
+        self.missed_s = max(0.0, time.process_time() - self._process_started - seen - self._sampler_cpu_s)
+
+    def by_group(self) -> dict[str, float]:
+        """CPU seconds (user + system) per thread family, largest first."""
+        return self._summed(1)
+
+    def system_by_group(self) -> dict[str, float]:
+        """The kernel's share of :meth:`by_group` (system seconds: page faults, file writes)."""
+        return self._summed(2)
+
+    def _summed(self, field: int) -> dict[str, float]:
+        groups: dict[str, float] = {}
+        for key, last in self._last.items():
+            family = thread_group(last[0])
+            start = self._start.get(key, (0.0, 0.0))[field - 1]
+            groups[family] = groups.get(family, 0.0) + float(last[field]) - start
+        return dict(sorted(groups.items(), key=lambda item: -item[1]))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+        self._sampler_cpu_s = time.thread_time()
+
+    def _threads(self) -> list[tuple[tuple[int, int], str, float, float]]:
+        """(key, name, CPU seconds, system seconds) of every live thread but the sampler; the key
+        pairs the OS thread id with the thread object, so a reused id is a new thread."""
+        found = []
+        for thread in threading.enumerate():
+            if thread.native_id is not None and thread is not self._sampler:
+                cpu, system = _thread_cpu_s(thread.native_id)
+                found.append(((thread.native_id, id(thread)), thread.name, cpu, system))
+        return found
+
+    def _sample(self) -> None:
+        for key, name, cpu, system in self._threads():
+            if cpu or key not in self._last:  # 0.0: it ended between the listing and the read
+                self._last[key] = (name, cpu, system)
+
+
+def _thread_cpu_s(tid: int) -> tuple[float, float]:
+    """(utime + stime, stime) of one thread of this process; zeros once it has ended."""
+    fields = _stat(f"self/task/{tid}")
+    if not fields:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick
 
 
 MEMORY_SETTINGS = ("retained", "returned")

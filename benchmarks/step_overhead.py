@@ -18,6 +18,19 @@ Three measurements, one run:
   the goodput runs, and optionally with a second learner in another process
   (``--second-learner``).
 
+The goodput runs also split the process's CPU seconds by thread (``benchmarks.cpu.ThreadCpu``)
+and count the blob bytes each thread moves through the mailbox, so a **learner's CPU per sync**
+(the training thread inside ``step()``, its exchange and lease threads) is set against its
+reference measured in the same run: one copy plus one sha256 of the bytes the learner moved
+(its contribution up, the commits it read down), target ≤ 1.5×. The syncer's CPU per round (the
+syncer, election, fetch and kernel threads; quorum 1, so a round per contribution) is printed
+beside it against one copy plus one hash of the bytes the syncer moved. Both are also set against
+the directory store's own floor, measured right after each session run beside its blobs: a sha256
+plus a plain write and fsync of a new file per byte written, a copy plus a sha256 per byte read
+(on a VM that hands freed pages back to its host, a new file's page-cache pages are the dearest
+part of a sync), and the learner's CPU outside the kernel (user seconds, the exchange's own code)
+is printed against copy + sha256 too.
+
 ``--memory retained`` runs the whole process (bare loop and session alike) with
 ``gm.retain_freed_memory()`` applied first, as a ``gradientmail node`` runs; the default,
 ``returned``, is a user's own script that does not call it.
@@ -30,12 +43,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +60,10 @@ import numpy as np
 import torch
 
 import gradientmail as gm
-from benchmarks.cpu import add_memory_option, apply_memory_option
+from benchmarks.cpu import ThreadCpu, add_memory_option, apply_memory_option, thread_group
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
+from gradientmail.mailbox import ForwardingMailbox, Mailbox
+from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 
 IDLE_STEPS = 200_000
 FRAGMENTS = 4
@@ -55,6 +72,11 @@ LAYERS = 4  # 4 × (2000² + 2000) ≈ 16.0M parameters
 BATCH = 16
 TARGETS = {20: 0.98, 100: 0.995}
 IDLE_TARGET_US = 10.0
+SYNC_CPU_TARGET = 1.5
+"""A learner's CPU seconds per sync ÷ one copy plus one sha256 of the bytes it moved (issue 44)."""
+LEARNER_THREADS = ("MainThread", "gm-exchange", "gm-lease")
+"""Thread families that are the learner's side of a session (MainThread: only its time in step())."""
+SYNCER_THREADS = ("gm-syncer", "gm-election", "gm-fetch", "gm-kernel", "gm-commit")
 DISTURBED = 1.05
 """A pair whose session ran this much faster than its bare loop says the bare loop was slowed by
 something else (a session only adds work): such a run gives no verdict."""
@@ -120,6 +142,84 @@ def bare_run(steps: int) -> tuple[float, float]:
     return time.perf_counter() - started, time.process_time() - cpu
 
 
+class BlobBytesByThread(ForwardingMailbox):
+    """Counts the blob bytes each thread family reads (``get_sha256``) and writes (``put_sha256``):
+    every tensor blob goes through them on the directory store; records are a few KB."""
+
+    def __init__(self, inner: Mailbox) -> None:
+        super().__init__(inner)
+        self.read: dict[str, int] = {}
+        self.written: dict[str, int] = {}
+        self.writes: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def reset(self) -> None:
+        """Count from here on (the run's creation writes every fragment's first version)."""
+        with self._lock:
+            self.read.clear()
+            self.written.clear()
+            self.writes.clear()
+
+    def _count(self, into: dict[str, int], size: int) -> None:
+        family = thread_group(threading.current_thread().name)
+        with self._lock:
+            into[family] = into.get(family, 0) + size
+
+    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        inner = self.inner
+        if isinstance(inner, HashingGet):
+            data, digest = inner.get_sha256(key, max_bytes=max_bytes)
+        else:  # a store without it (the code before issue 44's directory store): read, then hash
+            data = inner.get(key, max_bytes=max_bytes)
+            digest = hashlib.sha256(data).hexdigest()
+        self._count(self.read, len(data))
+        return data, digest
+
+    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+        self._count(self.written, len(data))
+        self._count(self.writes, 1)
+        inner = self.inner
+        if isinstance(inner, HashingPut):
+            return inner.put_sha256(key, data)
+        whole = joined(data)  # what Blobs does for such a store
+        return inner.put(key, whole), hashlib.sha256(whole).hexdigest()
+
+
+def copy_and_hash_s(size: int, repeats: int = 5) -> float:
+    """CPU seconds of one copy (into a buffer already touched) plus one sha256 of ``size`` bytes:
+    the reference a sync's CPU is set against, median of ``repeats``."""
+    source = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    target = np.empty_like(source)
+    target[:] = 0
+    times = []
+    for _ in range(repeats):
+        started = time.thread_time()
+        np.copyto(target, source)
+        hashlib.sha256(source).digest()
+        times.append(time.thread_time() - started)
+    return statistics.median(times)
+
+
+def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> float:
+    """CPU seconds of one sha256 plus one plain ``write`` and ``fsync`` of ``size`` bytes into a
+    new file beside a run's blobs (kept until the last is written, as a run keeps its blobs): the
+    least a blob costs the directory store on this machine at that moment, page-cache pages
+    included, median of ``repeats``."""
+    source = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+    directory.mkdir(parents=True, exist_ok=True)
+    times, paths = [], [directory / f"floor-{i}" for i in range(repeats)]
+    for path in paths:
+        started = time.thread_time()
+        hashlib.sha256(source).digest()
+        with open(path, "wb", buffering=0) as stream:
+            stream.write(memoryview(source))
+            os.fsync(stream.fileno())
+        times.append(time.thread_time() - started)
+    for path in paths:
+        path.unlink()
+    return statistics.median(times)
+
+
 def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float) -> dict[str, Any]:
     model = build_model()
     train_step = trainer(model)
@@ -128,20 +228,43 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
     algorithm = gm.DiLoCo(sync_every=sync_every, fragments=FRAGMENTS, quorum_size=1)
     options = gm.SessionOptions(poll_interval_s=poll_interval_s, lease_ttl_s=max(10.0, 3 * poll_interval_s))
     in_step: list[float] = []
-    with gm.Session(
-        model, algorithm=algorithm, mailbox=gm.FileMailbox(str(root)), learner_id="learner-a", options=options
-    ) as session:
-        started, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
-        for _ in range(steps):
-            train_step()
-            t0 = time.perf_counter()
-            session.step(samples=BATCH)
-            in_step.append(time.perf_counter() - t0)
-        elapsed = time.perf_counter() - started
-        cpu, thread_cpu = time.process_time() - cpu, time.thread_time() - thread_cpu
+    in_step_cpu = 0.0
+    mailbox = BlobBytesByThread(gm.FileMailbox(str(root)))
+    with gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id="learner-a", options=options) as session:
+        mailbox.reset()
+        with ThreadCpu() as threads:
+            started, cpu, thread_cpu = time.perf_counter(), time.process_time(), time.thread_time()
+            for _ in range(steps):
+                train_step()
+                t0, c0 = time.perf_counter(), time.thread_time()
+                session.step(samples=BATCH)
+                in_step_cpu += time.thread_time() - c0
+                in_step.append(time.perf_counter() - t0)
+            elapsed = time.perf_counter() - started
+            cpu, thread_cpu = time.process_time() - cpu, time.thread_time() - thread_cpu
         latencies = session.publish_to_commit_s
         contributions, alignments = session.stats.contributions, session.stats.alignments
+    fragment_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) // FRAGMENTS
+    file_floor_s = file_write_and_hash_s(fragment_bytes, root / "floor")  # beside the run's blobs, still there
+    groups = threads.by_group()
+    groups["MainThread"] = in_step_cpu  # the training thread's share: its time inside step()
+    system = threads.system_by_group()
+    read, written = dict(mailbox.read), dict(mailbox.written)
     return {
+        "threads_cpu_s": groups,
+        "missed_cpu_s": threads.missed_s,
+        "blob_bytes_read": read,
+        "blob_bytes_written": written,
+        "learner_cpu_s": sum(groups.get(name, 0.0) for name in LEARNER_THREADS),
+        "learner_system_s": sum(system.get(name, 0.0) for name in LEARNER_THREADS if name != "MainThread"),
+        "syncer_system_s": sum(system.get(name, 0.0) for name in SYNCER_THREADS),
+        "learner_read": sum(read.get(name, 0) for name in LEARNER_THREADS),
+        "learner_written": sum(written.get(name, 0) for name in LEARNER_THREADS),
+        "uploads": mailbox.writes.get("gm-exchange", 0),
+        "file_floor_s_per_byte": file_floor_s / fragment_bytes,
+        "syncer_cpu_s": sum(groups.get(name, 0.0) for name in SYNCER_THREADS),
+        "syncer_read": sum(read.get(name, 0) for name in SYNCER_THREADS),
+        "syncer_written": sum(written.get(name, 0) for name in SYNCER_THREADS),
         "elapsed_s": elapsed,
         "cpu_s": cpu,
         "background_cpu_s": cpu - thread_cpu,
@@ -168,6 +291,10 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
         for attempt in range(repeats):  # interleaved: drift on a shared machine hits both arms
             bares.append(bare_run(steps))
             sessions.append(session_run(steps, sync_every, Path(tmp) / f"h{sync_every}-{attempt}", poll_interval_s))
+    # the reference, in the same process after the runs
+    fragment_bytes = sum(p.numel() * p.element_size() for p in build_model().parameters()) // FRAGMENTS
+    copy_s_per_byte = copy_and_hash_s(fragment_bytes) / fragment_bytes
+    syncs = [sync_cpu(s, copy_s_per_byte) for s in sessions]
     best_bare = min(b for b, _ in bares)
     best = min(sessions, key=lambda s: s["elapsed_s"])
     step_s = best_bare / steps
@@ -188,7 +315,41 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
         "contributions": best["contributions"],
         "alignments": best["alignments"],
         "latency_s": quantiles(latencies),
+        "copy_and_hash_gb_s": 1e-9 / copy_s_per_byte,
+        "sync_cpu": syncs,
+        "learner_sync_ratios": [s["learner"]["ratio"] for s in syncs],
+        "learner_file_floor_ratios": [s["learner"]["file_floor_ratio"] for s in syncs],
+        "learner_user_ratios": [s["learner"]["user_ratio"] for s in syncs],
+        "syncer_round_ratios": [s["syncer"]["ratio"] for s in syncs],
+        "syncer_file_floor_ratios": [s["syncer"]["file_floor_ratio"] for s in syncs],
     }
+
+
+def sync_cpu(run: dict[str, Any], copy_s_per_byte: float) -> dict[str, Any]:
+    """One session run's CPU per sync (learner) and per round (syncer; quorum 1, a round per
+    contribution), each ÷ one copy plus one sha256 (``copy_s_per_byte``) of the bytes that side
+    read and wrote. A sync is one contribution the exchange uploaded during the timed loop."""
+    syncs = max(1, run["uploads"])
+    figures: dict[str, Any] = {}
+    for side in ("learner", "syncer"):
+        cpu, read, written = run[f"{side}_cpu_s"], run[f"{side}_read"], run[f"{side}_written"]
+        reference = copy_s_per_byte * (read + written)
+        file_floor = copy_s_per_byte * read + run["file_floor_s_per_byte"] * written  # reads come from the page cache
+        figures[side] = {
+            "cpu_ms": cpu / syncs * 1e3,
+            "system_ms": run[f"{side}_system_s"] / syncs * 1e3,
+            "read_mb": read / syncs / 1e6,
+            "written_mb": written / syncs / 1e6,
+            "reference_ms": reference / syncs * 1e3,
+            "ratio": cpu / max(reference, 1e-12),
+            "user_ratio": (cpu - run[f"{side}_system_s"]) / max(reference, 1e-12),
+            "file_floor_ms": file_floor / syncs * 1e3,
+            "file_floor_ratio": cpu / max(file_floor, 1e-12),
+        }
+    figures["file_floor_gb_s"] = 1e-9 / run["file_floor_s_per_byte"]
+    figures["threads_cpu_ms"] = {name: cpu / syncs * 1e3 for name, cpu in run["threads_cpu_s"].items()}
+    figures["missed_cpu_ms"] = run["missed_cpu_s"] / syncs * 1e3
+    return figures
 
 
 # -- latency with a small model: the exchange's structure, not its CPU ----------------------
@@ -323,6 +484,18 @@ def main(argv: list[str] | None = None) -> int:
             f"        CPU-seconds over the bare loop (median of pairs) {figures['extra_cpu_s']:.2f} "
             f"(background threads {figures['background_cpu_s']:.2f})"
         )
+        print(f"        reference: one copy + one sha256 at {figures['copy_and_hash_gb_s']:.2f} GB/s in this process")
+        for sync in figures["sync_cpu"]:
+            sides = "; ".join(
+                f"{side} {f['cpu_ms']:.0f} CPU-ms ({f['system_ms']:.0f} of it the kernel's; "
+                f"read {f['read_mb']:.1f} MB, wrote {f['written_mb']:.1f} MB) "
+                f"= {f['ratio']:.2f}x copy+sha256 ({f['reference_ms']:.0f} ms), "
+                f"{f['file_floor_ratio']:.2f}x the file floor ({f['file_floor_ms']:.0f} ms)"
+                for side, f in ((side, sync[side]) for side in ("learner", "syncer"))
+            )
+            threads = ", ".join(f"{name} {ms:.0f}" for name, ms in sync["threads_cpu_ms"].items() if ms >= 1)
+            print(f"        per sync (file floor: sha256 + write + fsync of a new file at {sync['file_floor_gb_s']:.2f} GB/s):")
+            print(f"          {sides}; threads (CPU-ms) {threads}; unsampled {sync['missed_cpu_ms']:.0f}")
         if lat["n"]:
             print(f"        publish-to-commit median {lat['median'] * 1e3:.0f} ms  p90 {lat['p90'] * 1e3:.0f} ms  (n={lat['n']})")
     small = {
@@ -368,6 +541,36 @@ def main(argv: list[str] | None = None) -> int:
                     setting=DEFAULTS if fastest <= DISTURBED else f"a disturbed machine (a pair at {fastest:.2f}×)",
                 )
             )
+            verdicts.append(
+                verdict(
+                    f"H={sync_every} learner CPU per sync ≤ {SYNC_CPU_TARGET:g}× one copy + one sha256 of its bytes",
+                    figures["learner_sync_ratios"],
+                    at_most(SYNC_CPU_TARGET),
+                    detail=f"copy+sha256 at {figures['copy_and_hash_gb_s']:.2f} GB/s in this run",
+                )
+            )
+            verdicts.append(
+                information(
+                    f"H={sync_every} learner CPU per sync ÷ the directory store's floor (new files written, copies read)",
+                    figures["learner_file_floor_ratios"],
+                    why="the store's own floor in the same run; the target is set against a copy",
+                )
+            )
+            verdicts.append(
+                information(
+                    f"H={sync_every} learner CPU per sync outside the kernel ÷ one copy + one sha256 of its bytes",
+                    figures["learner_user_ratios"],
+                    why="the exchange's own code: the kernel's share is mostly the page cache's new pages",
+                )
+            )
+            for floor, key in (("copy + sha256", "syncer_round_ratios"), ("the file floor", "syncer_file_floor_ratios")):
+                verdicts.append(
+                    information(
+                        f"H={sync_every} syncer CPU per round ÷ {floor} of its bytes",
+                        figures[key],
+                        why="the syncer runs in this process; the learner's share is the target",
+                    )
+                )
             verdicts.append(
                 information(
                     f"H={sync_every} training thread (computed: bare ÷ (bare + time in step()))",

@@ -99,7 +99,10 @@ ten two-rank runs under the loaded test suite, never alone. Probably the abort t
 deadlock ``session/group.py`` now avoids (gloo's worker thread freeing the last collectives'
 tensors while the exiting main thread holds the GIL: 4 of 15 loaded two-rank runs hung at exit
 without the fix, 0 of 15 with it); kept as a guard until runs show it gone. A launch that fails
-with it is tried once more; any other failure, or the same one twice, fails the test."""
+with it is tried once more; any other failure, or the same one twice, fails the test. A group that
+cannot be launched again (it trains beside other groups of a running test, as in
+``tests/test_torchrun_learner.py``; seen there on 2026-12-07 after an FSDP2 group's restart) passes
+with it only when both its ranks had written their results for every step first."""
 
 
 def run_torchrun(

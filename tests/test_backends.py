@@ -10,6 +10,7 @@ import torch
 
 import gradientmail as gm
 from gradientmail.backends import backend_for, get_backend
+from gradientmail.backends.kernels import KERNEL_CHUNK, set_kernel_threads
 from gradientmail.backends.payload import DTYPES
 from tests.backend_params import BACKENDS, values
 
@@ -120,6 +121,28 @@ def test_all_finite(name):
     assert not backend.all_finite(backend.from_numpy(np.array([1.0, np.nan], dtype=np.float32)))
     assert not backend.all_finite(backend.cast(backend.from_numpy(np.array([np.inf], dtype=np.float32)), "bfloat16"))
     assert backend.all_finite(backend.from_numpy(np.array([1, 2], dtype=np.int32)))
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_all_finite_finds_one_bad_element_in_any_block(name: str, dtype: str) -> None:
+    """Tensors of several kernel blocks (the last one partial), on one thread and on two: a
+    single NaN or infinity anywhere is found, and a finite tensor passes."""
+    backend = get_backend(name)
+    size = 2 * KERNEL_CHUNK + 1234
+    clean = backend.cast(backend.from_numpy(np.ones(size, dtype=np.float32)), dtype)
+    previous = set_kernel_threads(1)
+    try:
+        for threads in (1, 2):
+            set_kernel_threads(threads)
+            assert backend.all_finite(clean)
+            for where in (0, KERNEL_CHUNK - 1, KERNEL_CHUNK, size - 1):
+                for bad in (np.nan, np.inf, -np.inf):
+                    values = np.ones(size, dtype=np.float32)
+                    values[where] = bad
+                    assert not backend.all_finite(backend.cast(backend.from_numpy(values), dtype)), (threads, where, bad)
+    finally:
+        set_kernel_threads(previous)
 
 
 def test_unknown_objects_and_names():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import signal
 import socket
@@ -350,3 +351,40 @@ def test_the_apple_host_runner_takes_the_compose_run_settings(tmp_path):
             assert config[name] == value, name  # the run key comes from the Mac's own file (docs/deploy.md)
     assert config["AWS_ACCESS_KEY_ID"] == "gradientmail-learner" and config["AWS_SECRET_ACCESS_KEY"] == "***"
     assert not any(name.startswith("MINIO_ROOT") for name in compose_env)
+
+
+FAULT_SCRIPT = """
+import json, resource
+def faults(size):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    buffer = bytearray(size)  # written whole: every page touched
+    del buffer
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print("FAULTS " + json.dumps([faults(64 << 20) for _ in range(4)]))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting applies to glibc only")
+@pytest.mark.parametrize("setting", [None, "false"], ids=["default", "off"])
+def test_the_node_keeps_the_memory_its_job_frees_unless_told_not_to(tmp_path, setting):
+    """``gradientmail node`` applies ``gm.retain_freed_memory`` before its job starts
+    (``GRADIENTMAIL_RETAIN_FREED_MEMORY``, on by default): a 64 MiB buffer freed and allocated
+    again faults its pages in only once; with the setting off, every time."""
+    script = tmp_path / "faults.py"
+    script.write_text(FAULT_SCRIPT)
+    env = {
+        **image_environment(tmp_path),
+        "GRADIENTMAIL_MAILBOX": f"file://{tmp_path / 'box'}",
+        "GRADIENTMAIL_SCRIPT": str(script),
+    }
+    if setting is not None:
+        env["GRADIENTMAIL_RETAIN_FREED_MEMORY"] = setting
+    ran = subprocess.run(image_command(), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    (line,) = [line for line in ran.stdout.splitlines() if line.startswith("FAULTS ")]
+    faults = json.loads(line.removeprefix("FAULTS "))
+    pages = (64 << 20) // 4096
+    if setting is None:
+        assert all(count < pages // 20 for count in faults[1:]), faults
+    else:
+        assert all(count >= pages // 2 for count in faults), faults

@@ -1,6 +1,7 @@
 """A payload written out of its pieces (``Gathered``): the S3 store sends each part straight from
-the arrays' buffers, with no joined copy, hashes them once, survives retried parts, and every
-other store (or a wrapper that overrides ``put``) gets the same bytes joined."""
+the arrays' buffers, with no joined copy, hashes them once, survives retried parts; the directory
+store writes the pieces in chunks and hands its token over as the sha256; every other store (or a
+wrapper that overrides ``put``) gets the same bytes joined."""
 
 from __future__ import annotations
 
@@ -9,14 +10,16 @@ import hashlib
 import io
 import tracemalloc
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gradientmail.backends import payload
-from gradientmail.mailbox import ForwardingMailbox, MemoryMailbox, S3Mailbox, S3Tuning
+from gradientmail.mailbox import FileMailbox, ForwardingMailbox, MemoryMailbox, S3Mailbox, S3Tuning
 from gradientmail.mailbox._s3_transfer import PartBody
-from gradientmail.mailbox.base import Gathered
+from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut
+from gradientmail.mailbox.directory import WRITE_CHUNK_BYTES
 from testing.fault_proxy import FaultProxy
 from tests.seaweedfs import S3Server
 
@@ -117,6 +120,29 @@ def test_parts_refused_or_cut_off_are_sent_again_from_the_pieces(
         proxy.configure(rate=0.0)
         assert proxy.counts()["faults"] > 0
         assert digest == hashlib.sha256(whole).hexdigest() and mailbox.get("blobs/retried") == whole
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [8, WRITE_CHUNK_BYTES - 1, 2 * WRITE_CHUNK_BYTES + 5, 7],  # chunks that straddle pieces
+        [3 * WRITE_CHUNK_BYTES],  # whole chunks only
+        [],  # nothing at all
+    ],
+)
+def test_the_directory_store_writes_a_gathered_payload_and_its_token_is_the_sha256(tmp_path: Path, sizes: list[int]) -> None:
+    pieces = _pieces(len(sizes), sizes)
+    whole = b"".join(pieces)
+    expected = hashlib.sha256(whole).hexdigest()
+    mailbox = FileMailbox(tmp_path)
+    assert isinstance(mailbox, HashingPut) and isinstance(mailbox, HashingGet)
+    assert mailbox.put_sha256("blobs/gathered", Gathered(pieces)) == (expected, expected)
+    assert (tmp_path / "blobs" / "gathered").read_bytes() == whole
+    assert mailbox.get_sha256("blobs/gathered") == (whole, expected)
+    assert mailbox.get_versioned("blobs/gathered")[1] == expected == mailbox.head("blobs/gathered").token  # type: ignore[union-attr]
+    assert mailbox.put_sha256("blobs/plain", whole) == (expected, expected)
+    assert mailbox.create("blobs/created", whole) == expected == mailbox.swap("blobs/plain", whole, expected)
+    assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == ["created", "gathered", "plain"]  # no temp file left
 
 
 class _Recording(ForwardingMailbox):

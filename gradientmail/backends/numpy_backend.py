@@ -15,8 +15,8 @@ import numpy as np
 from gradientmail.backends.base import Backend, Tensor
 from gradientmail.backends.host import HostBuffer
 from gradientmail.backends.kernels import (
-    KERNEL_CHUNK,
     accumulate_arrays,
+    all_finite_array,
     combine_arrays,
     finite_norm_array,
     isotropic_exact_array,
@@ -96,15 +96,7 @@ class NumpyBackend(Backend):
 
     def all_finite(self, tensor: Tensor) -> bool:
         array = np.asarray(tensor)
-        if dtype_name_of(array) not in FLOAT_DTYPES:
-            return True
-        flat = array.reshape(-1)
-        native = array.dtype in (np.float16, np.float32, np.float64)
-        for start in range(0, flat.size, KERNEL_CHUNK):
-            chunk = flat[start : start + KERNEL_CHUNK]
-            if not np.isfinite(chunk if native else chunk.astype(np.float32)).all():
-                return False
-        return True
+        return dtype_name_of(array) not in FLOAT_DTYPES or all_finite_array(array)
 
     def cast(self, tensor: Tensor, dtype: str) -> np.ndarray:
         return np.asarray(tensor).astype(numpy_dtype(dtype))

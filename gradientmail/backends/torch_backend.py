@@ -30,6 +30,7 @@ from gradientmail.backends.kernels import (
     CUBIC,
     QUINTIC,
     accumulate_arrays,
+    all_finite_array,
     as_matrix,
     combine_arrays,
     finite_norm_array,
@@ -247,6 +248,9 @@ class TorchBackend(Backend):
     def all_finite(self, tensor: torch.Tensor) -> bool:
         if not (tensor.is_floating_point() or tensor.is_complex()):
             return True
+        host = _host_view(tensor)
+        if host is not None:  # host tensors: the blocked kernel, no mask the tensor's size
+            return all_finite_array(host)
         return bool(torch.isfinite(tensor.detach().to(torch.float32)).all())
 
     def cast(self, tensor: torch.Tensor, dtype: str) -> torch.Tensor:

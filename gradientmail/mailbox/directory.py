@@ -16,7 +16,11 @@ hard links) may use one directory at once:
 * ``swap``, ``put`` and ``delete`` replace the key while holding its lock stripe
   (``flock``), so a compare-and-swap cannot interleave with another write.
 * Tokens are SHA-256 hashes of the content, so a token is never reused by an unrelated
-  write (an inode number or a timestamp could be).
+  write (an inode number or a timestamp could be). Because the token *is* the content's sha256,
+  this store offers ``put_sha256`` and ``get_sha256`` (``HashingPut``/``HashingGet``) at no
+  cost: a blob's digest is the token, and each byte is hashed once, in the same cache-sized
+  chunk that is written (a :class:`~gradientmail.mailbox.base.Gathered` payload straight from
+  its pieces, never joined).
 """
 
 from __future__ import annotations
@@ -52,10 +56,14 @@ from gradientmail.mailbox._content import (
     stream_token,
     too_large,
 )
-from gradientmail.mailbox.base import ObjectInfo
+from gradientmail.mailbox.base import Gathered, ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
 __all__ = ["FileMailbox"]
+
+WRITE_CHUNK_BYTES = 1024 * 1024
+"""How much of a payload is hashed and then written at a time: small enough that the write finds
+the bytes the hash just read still in cache, large enough that a call costs nothing against it."""
 
 _LOCK_DIR = "~locks"
 _LOCK_STRIPES = 256
@@ -133,6 +141,11 @@ class FileMailbox:
         stamp = status.st_mtime_ns / 1e9
         return data, ObjectInfo(len(data), content_token(data), modified_at=stamp, modified_resolution_s=MTIME_RESOLUTION_S)
 
+    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get`, and the sha256 of the bytes returned (``HashingGet``): the token,
+        taken once."""
+        return self.get_versioned(key, max_bytes=max_bytes)
+
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
         try:
@@ -170,9 +183,17 @@ class FileMailbox:
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> str:
+        return self._put(key, as_payload(data))
+
+    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+        """:meth:`put`, and the sha256 of ``data`` (``HashingPut``): the token, from the one pass
+        that writes it; a :class:`Gathered` payload is written out of its pieces."""
+        token = self._put(key, data if isinstance(data, Gathered) else as_payload(data))
+        return token, token
+
+    def _put(self, key: str, payload: bytes | Gathered) -> str:
         path = self._path(key)
-        payload = as_payload(data)
-        temp = self._write_temp(path, payload, key)
+        temp, token = self._write_temp(path, payload, key)
         try:
             with self._locked(key):
                 os.replace(temp, path)
@@ -180,12 +201,11 @@ class FileMailbox:
             _unlink_quietly(temp)
             raise self._error(exc, "put", key) from exc
         self._sync_dir(path.parent, key)
-        return content_token(payload)
+        return token
 
     def create(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        payload = as_payload(data)
-        temp = self._write_temp(path, payload, key)
+        temp, token = self._write_temp(path, as_payload(data), key)
         try:
             os.link(temp, path)
         except FileExistsError as exc:
@@ -201,13 +221,12 @@ class FileMailbox:
         finally:
             _unlink_quietly(temp)  # the key keeps its own link to the data
         self._sync_dir(path.parent, key)
-        return content_token(payload)
+        return token
 
     def swap(self, key: str, data: bytes, expected_token: str) -> str:
         path = self._path(key)
         as_token(expected_token)
-        payload = as_payload(data)
-        temp = self._write_temp(path, payload, key)
+        temp, token = self._write_temp(path, as_payload(data), key)
         try:
             with self._locked(key):
                 with open(path, "rb") as stream:
@@ -221,7 +240,7 @@ class FileMailbox:
                 raise self._error(exc, "swap", key) from exc
             raise
         self._sync_dir(path.parent, key)
-        return content_token(payload)
+        return token
 
     def delete(self, key: str) -> None:
         path = self._path(key)
@@ -243,24 +262,32 @@ class FileMailbox:
         validate_key(key)
         return self._root.joinpath(*key.split("/"))
 
-    def _write_temp(self, path: Path, payload: bytes, key: str) -> str:
-        """Write ``payload`` to a fresh temporary file beside ``path``; return its name."""
+    def _write_temp(self, path: Path, payload: bytes | Gathered, key: str) -> tuple[str, str]:
+        """Write ``payload`` to a fresh temporary file beside ``path``; return its name and the
+        payload's token, hashed chunk by chunk just before each chunk is written."""
         temp = f"{path}{_TEMP_MARK}{uuid.uuid4().hex}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise self._error(exc, "write", key) from exc
+        hasher = hashlib.sha256()
         try:
-            with os.fdopen(fd, "wb") as stream:
-                stream.write(payload)
-                stream.flush()
+            try:
+                for piece in payload.pieces if isinstance(payload, Gathered) else (memoryview(payload),):
+                    for start in range(0, len(piece), WRITE_CHUNK_BYTES):
+                        chunk = piece[start : start + WRITE_CHUNK_BYTES]
+                        hasher.update(chunk)
+                        while chunk:  # a write to a file may be short
+                            chunk = chunk[os.write(fd, chunk) :]
                 if self._fsync:
-                    os.fsync(stream.fileno())
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
         except OSError as exc:
             _unlink_quietly(temp)
             raise self._error(exc, "write", key) from exc
-        return temp
+        return temp, hasher.hexdigest()
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
