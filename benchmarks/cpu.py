@@ -25,8 +25,16 @@ __all__ = ["CpuSpan", "ThreadCpu", "add_memory_option", "apply_memory_option", "
 
 def process_cpu_s(pid: int) -> float:
     """utime + stime of a live process (every thread), 0.0 where unavailable."""
-    fields = _stat(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK") if fields else 0.0
+    return _cpu_s(pid)[0]
+
+
+def _cpu_s(task: int | str) -> tuple[float, float]:
+    """(utime + stime, stime) in seconds of ``/proc/<task>/stat``; zeros where it is gone."""
+    fields = _stat(task)
+    if not fields:
+        return 0.0, 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick
 
 
 def _stat(pid: int | str) -> list[str]:
@@ -129,7 +137,9 @@ class ThreadCpu:
     def __init__(self, interval_s: float = 0.1) -> None:
         self.interval_s = interval_s
         self._start: dict[tuple[int, int], tuple[float, float]] = {}
-        self._last: dict[tuple[int, int], tuple[str, float, float]] = {}
+        """(CPU, system) seconds of each thread when the block began, by key (see :meth:`_threads`)."""
+        self._last: dict[tuple[int, int], tuple[str, tuple[float, float]]] = {}
+        """Name and (CPU, system) seconds of each thread at its last sample."""
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._run, name="benchmark-thread-cpu", daemon=True)
         self._sampler_cpu_s = 0.0
@@ -138,8 +148,8 @@ class ThreadCpu:
 
     def __enter__(self) -> ThreadCpu:
         self._process_started = time.process_time()
-        for key, _, cpu, system in self._threads():
-            self._start[key] = (cpu, system)
+        for key, _, seconds in self._threads():
+            self._start[key] = seconds
         self._sample()
         self._sampler.start()
         return self
@@ -153,18 +163,17 @@ class ThreadCpu:
 
     def by_group(self) -> dict[str, float]:
         """CPU seconds (user + system) per thread family, largest first."""
-        return self._summed(1)
+        return self._summed(0)
 
     def system_by_group(self) -> dict[str, float]:
         """The kernel's share of :meth:`by_group` (system seconds: page faults, file writes)."""
-        return self._summed(2)
+        return self._summed(1)
 
     def _summed(self, field: int) -> dict[str, float]:
         groups: dict[str, float] = {}
-        for key, last in self._last.items():
-            family = thread_group(last[0])
-            start = self._start.get(key, (0.0, 0.0))[field - 1]
-            groups[family] = groups.get(family, 0.0) + float(last[field]) - start
+        for key, (name, seconds) in self._last.items():
+            family = thread_group(name)
+            groups[family] = groups.get(family, 0.0) + seconds[field] - self._start.get(key, (0.0, 0.0))[field]
         return dict(sorted(groups.items(), key=lambda item: -item[1]))
 
     def _run(self) -> None:
@@ -172,29 +181,19 @@ class ThreadCpu:
             self._sample()
         self._sampler_cpu_s = time.thread_time()
 
-    def _threads(self) -> list[tuple[tuple[int, int], str, float, float]]:
-        """(key, name, CPU seconds, system seconds) of every live thread but the sampler; the key
-        pairs the OS thread id with the thread object, so a reused id is a new thread."""
-        found = []
-        for thread in threading.enumerate():
-            if thread.native_id is not None and thread is not self._sampler:
-                cpu, system = _thread_cpu_s(thread.native_id)
-                found.append(((thread.native_id, id(thread)), thread.name, cpu, system))
-        return found
+    def _threads(self) -> list[tuple[tuple[int, int], str, tuple[float, float]]]:
+        """(key, name, (CPU, system) seconds) of every live thread but the sampler; the key pairs
+        the OS thread id with the thread object, so a reused id is a new thread."""
+        return [
+            ((thread.native_id, id(thread)), thread.name, _cpu_s(f"self/task/{thread.native_id}"))
+            for thread in threading.enumerate()
+            if thread.native_id is not None and thread is not self._sampler
+        ]
 
     def _sample(self) -> None:
-        for key, name, cpu, system in self._threads():
-            if cpu or key not in self._last:  # 0.0: it ended between the listing and the read
-                self._last[key] = (name, cpu, system)
-
-
-def _thread_cpu_s(tid: int) -> tuple[float, float]:
-    """(utime + stime, stime) of one thread of this process; zeros once it has ended."""
-    fields = _stat(f"self/task/{tid}")
-    if not fields:
-        return 0.0, 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / tick, int(fields[12]) / tick
+        for key, name, seconds in self._threads():
+            if seconds[0] or key not in self._last:  # zeros: it ended between the listing and the read
+                self._last[key] = (name, seconds)
 
 
 MEMORY_SETTINGS = ("retained", "returned")

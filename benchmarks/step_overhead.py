@@ -63,7 +63,7 @@ import gradientmail as gm
 from benchmarks.cpu import ThreadCpu, add_memory_option, apply_memory_option, thread_group
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.mailbox import ForwardingMailbox, Mailbox
-from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
+from gradientmail.mailbox.base import Gathered
 
 IDLE_STEPS = 200_000
 FRAGMENTS = 4
@@ -166,23 +166,19 @@ class BlobBytesByThread(ForwardingMailbox):
             into[family] = into.get(family, 0) + size
 
     def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        inner = self.inner
-        if isinstance(inner, HashingGet):
-            data, digest = inner.get_sha256(key, max_bytes=max_bytes)
-        else:  # a store without it (the code before issue 44's directory store): read, then hash
-            data = inner.get(key, max_bytes=max_bytes)
-            digest = hashlib.sha256(data).hexdigest()
+        data, digest = self._forward_get_sha256(key, max_bytes=max_bytes)  # the store's own hashed read, or get + hash
         self._count(self.read, len(data))
         return data, digest
 
     def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
         self._count(self.written, len(data))
         self._count(self.writes, 1)
-        inner = self.inner
-        if isinstance(inner, HashingPut):
-            return inner.put_sha256(key, data)
-        whole = joined(data)  # what Blobs does for such a store
-        return inner.put(key, whole), hashlib.sha256(whole).hexdigest()
+        return self._forward_put_sha256(key, data)
+
+
+def fragment_bytes(model: torch.nn.Module) -> int:
+    """Bytes of one fragment of the benchmark's model (its parameters split in FRAGMENTS)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters()) // FRAGMENTS
 
 
 def copy_and_hash_s(size: int, repeats: int = 5) -> float:
@@ -244,8 +240,8 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
             cpu, thread_cpu = time.process_time() - cpu, time.thread_time() - thread_cpu
         latencies = session.publish_to_commit_s
         contributions, alignments = session.stats.contributions, session.stats.alignments
-    fragment_bytes = sum(p.numel() * p.element_size() for p in model.parameters()) // FRAGMENTS
-    file_floor_s = file_write_and_hash_s(fragment_bytes, root / "floor")  # beside the run's blobs, still there
+    fragment = fragment_bytes(model)
+    file_floor_s = file_write_and_hash_s(fragment, root / "floor")  # beside the run's blobs, still there
     groups = threads.by_group()
     groups["MainThread"] = in_step_cpu  # the training thread's share: its time inside step()
     system = threads.system_by_group()
@@ -261,7 +257,7 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
         "learner_read": sum(read.get(name, 0) for name in LEARNER_THREADS),
         "learner_written": sum(written.get(name, 0) for name in LEARNER_THREADS),
         "uploads": mailbox.writes.get("gm-exchange", 0),
-        "file_floor_s_per_byte": file_floor_s / fragment_bytes,
+        "file_floor_s_per_byte": file_floor_s / fragment,
         "syncer_cpu_s": sum(groups.get(name, 0.0) for name in SYNCER_THREADS),
         "syncer_read": sum(read.get(name, 0) for name in SYNCER_THREADS),
         "syncer_written": sum(written.get(name, 0) for name in SYNCER_THREADS),
@@ -292,8 +288,8 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
             bares.append(bare_run(steps))
             sessions.append(session_run(steps, sync_every, Path(tmp) / f"h{sync_every}-{attempt}", poll_interval_s))
     # the reference, in the same process after the runs
-    fragment_bytes = sum(p.numel() * p.element_size() for p in build_model().parameters()) // FRAGMENTS
-    copy_s_per_byte = copy_and_hash_s(fragment_bytes) / fragment_bytes
+    fragment = fragment_bytes(build_model())
+    copy_s_per_byte = copy_and_hash_s(fragment) / fragment
     syncs = [sync_cpu(s, copy_s_per_byte) for s in sessions]
     best_bare = min(b for b, _ in bares)
     best = min(sessions, key=lambda s: s["elapsed_s"])

@@ -45,4 +45,6 @@ def test_each_family_gets_its_own_seconds_and_an_ended_thread_still_counts() -> 
     assert groups["MainThread"] >= 0.15
     system = threads.system_by_group()
     assert all(0.0 <= system[name] <= groups[name] + 0.02 for name in groups if name in system)
-    assert threads.missed_s < 0.2
+    # /proc's per-thread ticks undercount a little against the process clock, and each ended
+    # thread's last interval is lost: a small share, not zero
+    assert threads.missed_s < 0.2 * sum(groups.values())

@@ -271,15 +271,9 @@ class FileMailbox:
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
         except OSError as exc:
             raise self._error(exc, "write", key) from exc
-        hasher = hashlib.sha256()
         try:
             try:
-                for piece in payload.pieces if isinstance(payload, Gathered) else (memoryview(payload),):
-                    for start in range(0, len(piece), WRITE_CHUNK_BYTES):
-                        chunk = piece[start : start + WRITE_CHUNK_BYTES]
-                        hasher.update(chunk)
-                        while chunk:  # a write to a file may be short
-                            chunk = chunk[os.write(fd, chunk) :]
+                token = _write_hashed(fd, payload)
                 if self._fsync:
                     os.fsync(fd)
             finally:
@@ -287,7 +281,7 @@ class FileMailbox:
         except OSError as exc:
             _unlink_quietly(temp)
             raise self._error(exc, "write", key) from exc
-        return temp, hasher.hexdigest()
+        return temp, token
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -353,6 +347,19 @@ class FileMailbox:
         if exc.errno in _USER_FIXABLE:
             return MailboxMisconfigured(f"{operation} {key!r} in {self.url} refused: {reason}")
         return MailboxUnavailable(f"{operation} {key!r} in {self.url} failed: {reason}")
+
+
+def _write_hashed(fd: int, payload: bytes | Gathered) -> str:
+    """Write ``payload`` to ``fd`` in chunks of :data:`WRITE_CHUNK_BYTES`, each hashed just before
+    it is written (still in cache); return the sha256 of it all, the payload's token."""
+    hasher = hashlib.sha256()
+    for piece in payload.pieces if isinstance(payload, Gathered) else (memoryview(payload),):
+        for start in range(0, len(piece), WRITE_CHUNK_BYTES):
+            chunk = piece[start : start + WRITE_CHUNK_BYTES]
+            hasher.update(chunk)
+            while chunk:  # a write to a file may be short
+                chunk = chunk[os.write(fd, chunk) :]
+    return hasher.hexdigest()
 
 
 def _unlink_quietly(path: str) -> None:
