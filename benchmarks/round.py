@@ -14,7 +14,10 @@ sequential requests and once with s3transfer (``download_fileobj``/``upload_file
 is the faster of the two. Target: whole round ≤ 1.3× floor. ``--rounds-only`` times just the
 rounds: each merge with each ``--arithmetic`` (the run's ``merge_arithmetic``), ``--repeat`` times
 interleaved, the verdict on the median; ``--sweep 2x64,4x64,...`` fits round time to M × MB
-(target R² ≥ 0.98) beside the floor's own fit.
+(target R² ≥ 0.98) beside the floor's own fit; ``--grid 2,4,8,16x16,64,256`` times every M with
+every MB instead (the first merge), ``--repeat`` times interleaved, and prints each phase against
+its floor: whole round ÷ floor, collect ÷ the floor's GETs and ÷ those GETs hashing every body
+(target at M = 2, 4, 8 × 256 MB: ≤ 1.2×), write ÷ the PUTs.
 
 Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hooks counting its
 requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
@@ -41,6 +44,7 @@ import itertools
 import json
 import logging
 import math
+import statistics
 import tempfile
 import threading
 import time
@@ -711,19 +715,31 @@ def rounds_only(args: argparse.Namespace) -> int:
     if args.quick:
         args.mb, args.m = 1.0, 2
     sweep = [tuple(float(x) for x in item.split("x")) for item in args.sweep.split(",") if item]
+    grid = parse_grid(args.grid)
     out = args.json or ROOT / "runs" / f"round-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
+    partial = out.with_name(out.stem + ".partial.json")
     logging.basicConfig(level=logging.WARNING)
-    rounds, swept = [], []
+    rounds: list[dict[str, Any]] = []
+    swept: list[dict[str, Any]] = []
+    gridded: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="gm-round-") as scratch:
         weed = Seaweed.start(Path(scratch))
         try:
-            for repeat in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
+            for repeat in range(0 if grid else args.repeat):  # interleaved, so a slow spell of the machine hits every arm
                 for merge in merges:
                     for form in forms:
                         r = one_round(weed, merge, args.m, args.mb, floor=True, arithmetic=form)
                         r["repeat"] = repeat
                         print_round(r)
                         rounds.append(r)
+            for repeat in range(args.repeat if grid else 0):  # the grid, interleaved the same way
+                for m, mb in grid:
+                    r = one_round(weed, merges[0], m, mb, floor=True, arithmetic=forms[-1])
+                    r["repeat"] = repeat
+                    gridded.append(r)
+                    print(f"  grid repeat {repeat + 1}: {grid_line(r)}")
+                    partial.parent.mkdir(parents=True, exist_ok=True)  # a long grid keeps what it measured
+                    partial.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "grid": gridded}))
             for m, mb in sweep:
                 r = one_round(weed, merges[0], int(m), mb, floor=True, arithmetic=forms[-1])
                 swept.append(r)
@@ -735,6 +751,7 @@ def rounds_only(args: argparse.Namespace) -> int:
                 )
         finally:
             weed.stop()
+    grid_judged = grid_verdicts(gridded, merges[0], forms[-1]) if gridded else []
     print("\n== targets ==")
     verdicts = [
         verdict(
@@ -745,6 +762,7 @@ def rounds_only(args: argparse.Namespace) -> int:
         )
         for merge in merges
         for form in forms
+        if rounds
     ]
     for merge in merges:
         for form in forms:
@@ -763,6 +781,7 @@ def rounds_only(args: argparse.Namespace) -> int:
                     [cpu_ratio(r) for r in mine],
                 ),
             ]
+    verdicts += grid_judged
     fit = None
     if len(swept) >= 3:
         x = [r["m"] * r["mb"] for r in swept]
@@ -780,10 +799,113 @@ def rounds_only(args: argparse.Namespace) -> int:
         print(f"  {v.line('{:.4g}')}")
     out.parent.mkdir(parents=True, exist_ok=True)
     given = {k: str(v) for k, v in vars(args).items()}
-    result = {"args": given, "rounds": rounds, "sweep": swept, "fit": fit, "targets": [v.as_json() for v in verdicts]}
+    result = {
+        "args": given,
+        "rounds": rounds,
+        "grid": gridded,
+        "sweep": swept,
+        "fit": fit,
+        "targets": [v.as_json() for v in verdicts],
+    }
     out.write_text(json.dumps(result, indent=2))
     print(f"\nresults: {out}")
     return 0
+
+
+GRID_JUDGED_MB = 256.0
+GRID_JUDGED_M = (2, 4, 8)
+"""The grid's configurations the issue's targets name (M = 2, 4, 8 × 256 MB); the others are information."""
+TARGET_COLLECT_RATIO = 1.2
+"""Collect ≤ 1.2× the floor's GETs plus one hash pass (single requests hashing every body)."""
+
+
+def parse_grid(text: str) -> list[tuple[int, float]]:
+    """``2,4x16,64`` → every M with every MB: [(2, 16.0), (2, 64.0), (4, 16.0), (4, 64.0)]."""
+    if not text:
+        return []
+    ms, sep, mbs = text.partition("x")
+    try:
+        configs = [(int(m), float(mb)) for m in ms.split(",") if m for mb in mbs.split(",") if mb]
+    except ValueError:
+        configs = []
+    if not sep or not configs or any(m < 1 or mb <= 0 for m, mb in configs):
+        raise SystemExit(f"benchmarks.round: --grid is M,M,...xMB,MB,... (e.g. 2,4,8,16x16,64,256), got {text!r}")
+    return configs
+
+
+def grid_phases(r: dict[str, Any]) -> dict[str, float]:
+    """One grid round, each phase against its floor: the whole round ÷ the floor, collect ÷ the
+    floor's GETs and ÷ those GETs hashing every body (the floor plus one hash pass), write ÷
+    the PUTs; and the merge's and the outer step's seconds with the fixed cost (poll, commit,
+    retention, unaccounted)."""
+    f, phases = r["floor"], r["phases"]
+    ratios = phase_ratios(r)
+    fixed = sum(
+        phases[name]["s"]
+        for name in (
+            "poll+list (election, leases, head probe, LIST)",
+            "commit (read head, create record once, put head)",
+            "retention (LIST, DELETE)",
+            "unaccounted",
+        )
+    )
+    return {
+        "whole": r["ratio"],
+        "collect": ratios["collect"],
+        "collect_hashed": phases[COLLECT_PHASE]["s"] / f["hashed_get_s"],
+        "write": ratios["write"],
+        "collect_gb_s": r["m"] * r["mb"] / 1e3 / phases[COLLECT_PHASE]["s"],
+        "merge_s": phases["merge"]["s"],
+        "step_s": phases["outer step"]["s"],
+        "fixed_s": fixed,
+    }
+
+
+def grid_line(r: dict[str, Any]) -> str:
+    g = grid_phases(r)
+    return (
+        f"M = {r['m']:2d} × {r['mb']:5g} MB: {r['whole_s']:7.3f} s, {g['whole']:.2f}× the floor; collect "
+        f"{g['collect_gb_s']:.2f} GB/s, {g['collect']:.2f}× the GETs, {g['collect_hashed']:.2f}× GETs + sha256; "
+        f"write {g['write']:.2f}× the PUTs; merge {g['merge_s']:.3f} s, step {g['step_s']:.3f} s, fixed {g['fixed_s']:.3f} s"
+    )
+
+
+def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[Any]:
+    """The grid's table (medians over the repeats) and its verdicts: whole round ≤ 1.3× the floor
+    and collect ≤ 1.2× the hashed GETs at the configurations the targets name, information elsewhere."""
+    configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
+    columns = ("whole", "collect", "collect_hashed", "write", "collect_gb_s", "merge_s", "step_s", "fixed_s")
+    print(f"\n== the round's phases against their floors, {merge} ({form}): medians of the repeats ==")
+    print(
+        f"  {'M × MB':>10} {'round÷floor':>12} {'collect÷GETs':>13} {'÷GETs+sha256':>13} {'write÷PUTs':>11} "
+        f"{'collect GB/s':>13} {'merge s':>8} {'step s':>7} {'fixed s':>8}"
+    )
+    verdicts = []
+    for m, mb in configs:
+        mine = [grid_phases(r) for r in gridded if (r["m"], r["mb"]) == (m, mb)]
+        med = {c: statistics.median(g[c] for g in mine) for c in columns}
+        print(
+            f"  {f'{m} × {mb:g}':>10} {med['whole']:12.2f} {med['collect']:13.2f} {med['collect_hashed']:13.2f} "
+            f"{med['write']:11.2f} {med['collect_gb_s']:13.2f} {med['merge_s']:8.3f} {med['step_s']:7.3f} {med['fixed_s']:8.3f}"
+        )
+        name = f"M = {m} × {mb:g} MB, {merge}"
+        if mb >= GRID_JUDGED_MB and m in GRID_JUDGED_M:
+            verdicts += [
+                verdict(
+                    f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {name}", [g["whole"] for g in mine], at_most(TARGET_RATIO)
+                ),
+                verdict(
+                    f"collect ≤ {TARGET_COLLECT_RATIO}× the floor's GETs hashing every body, {name}",
+                    [g["collect_hashed"] for g in mine],
+                    at_most(TARGET_COLLECT_RATIO),
+                ),
+            ]
+        else:
+            verdicts += [
+                information(f"whole syncer round ÷ boto3 floor, {name}", [g["whole"] for g in mine]),
+                information(f"collect ÷ the floor's GETs hashing every body, {name}", [g["collect_hashed"] for g in mine]),
+            ]
+    return verdicts
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -824,6 +946,12 @@ def main(argv: list[str] | None = None) -> int:
         "--sweep",
         default="",
         help="with --rounds-only: rounds of M×MB, e.g. 2x64,4x64,8x64,16x64,8x16,8x256; round time fitted to the bytes (R²)",
+    )
+    parser.add_argument(
+        "--grid",
+        default="",
+        help="with --rounds-only: every M with every MB (e.g. 2,4,8,16x16,64,256) instead of --m × --mb, "
+        "--repeat times interleaved; each phase against its floor",
     )
     parser.add_argument(
         "--repeat",

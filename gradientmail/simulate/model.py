@@ -130,6 +130,19 @@ class Model:
     syncer_round_overhead_s: float | None = None
     """Seconds a round costs whatever its bytes (the listing, the records, the commit's create-once
     write, the retention pass); None: three request latencies."""
+    collect_core_s_per_gb: float | None = None
+    """Core-seconds the closing node spends per GB of contributions it collects (receiving them,
+    sha256, decode, the finite-and-norm pass, the streamed merge's fold), as measured; its collect
+    then takes the longer of the link's time and this CPU spread over ``syncer_cores``. None: the
+    collect runs at the link's rate alone. benchmarks/sim_calibration.py fits it on real rounds
+    of up to 2 GB (docs/simulator.md, "Calibrated on a real store")."""
+    syncer_contribution_s: float = 0.0
+    """Seconds each contribution adds to a collect whatever its bytes (its record's read, the
+    first byte of each of its requests): what makes a round of many small contributions slower
+    than its bytes say. Calibrated per store (benchmarks/sim_calibration.py)."""
+    syncer_cores: float = 32.0
+    """Cores the closing node's collect can use (with ``collect_core_s_per_gb``): a GPU host's
+    cores that the data loader leaves, or all of a syncer-only node's."""
     syncer_state_copies: float = 1.0
     """Copies of the fragment the syncer writes beside the new parameters each commit: the outer
     optimizer's state (Nesterov: its momentum, one copy)."""
@@ -161,12 +174,14 @@ class Model:
         for name in ("learner_bandwidth_bps", "syncer_bandwidth_bps", "merge_bytes_per_s", "part_bytes"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("syncer_write_bps", "closer_bandwidth_bps"):
+        for name in ("syncer_write_bps", "closer_bandwidth_bps", "collect_core_s_per_gb"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be positive, got {value!r}")
         if self.syncer_round_overhead_s is not None and self.syncer_round_overhead_s < 0:
             raise ValueError(f"syncer_round_overhead_s must not be negative, got {self.syncer_round_overhead_s!r}")
+        if not self.syncer_cores > 0:
+            raise ValueError(f"syncer_cores must be positive, got {self.syncer_cores!r}")
         if self.syncer_layout not in ("one", "spread"):
             raise ValueError(f"syncer_layout must be 'one' or 'spread', got {self.syncer_layout!r}")
         for name in (
@@ -178,6 +193,7 @@ class Model:
             "store_latency_s",
             "syncer_state_copies",
             "egress_usd_per_gb",
+            "syncer_contribution_s",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, got {getattr(self, name)!r}")
@@ -222,13 +238,24 @@ class Model:
             return self.syncer_bandwidth_bps
         return self.closer_bandwidth_bps if self.closer_bandwidth_bps is not None else self.learner_bandwidth_bps
 
+    def collect_s(self, contributions: float) -> float:
+        """Seconds the closing node takes to collect ``contributions`` (fetch, check, fold): their
+        bytes at the link's rate or, with ``collect_core_s_per_gb``, at the rate its cores sustain,
+        whichever is slower (the two overlap: parts are checked as they arrive)."""
+        nbytes = contributions * self.fragment_bytes
+        fixed = contributions * self.syncer_contribution_s
+        link = nbytes / self.closing_bandwidth_bps
+        if self.collect_core_s_per_gb is None:
+            return fixed + link
+        return fixed + max(link, nbytes / 1e9 * self.collect_core_s_per_gb / self.syncer_cores)
+
     def sync_s(self, contributions: float) -> float:
         """ξ_sync: the closing node fetches the contributions, merges, steps, writes and commits the
-        fragment: a fixed cost, the contributions' bytes at the fetch and merge rates, the fragment
-        at the write rate."""
+        fragment: a fixed cost, the contributions' collect (``collect_s``) and their bytes at the
+        merge rate, the fragment at the write rate."""
         size = self.fragment_bytes
         overhead = 3 * self.store_latency_s if self.syncer_round_overhead_s is None else self.syncer_round_overhead_s
-        fetch = contributions * size / self.closing_bandwidth_bps
+        fetch = self.collect_s(contributions)
         merge = contributions * size / self.merge_bytes_per_s
         write_bps = self.closing_bandwidth_bps if self.syncer_write_bps is None else self.syncer_write_bps
         return overhead + fetch + merge + size / write_bps
