@@ -621,6 +621,13 @@ def print_purposes(per_s: dict[str, float]) -> None:
 
 COLLECT_PHASE = "collect (fetch, sha256, decode ahead ∥ validate)"
 WRITE_PHASE = "write blobs (gathered: sha256 ∥ PUT out of the arrays, each)"
+FIXED_PHASES = (
+    "poll+list (election, leases, head probe, LIST)",
+    "commit (read head, create record once, put head)",
+    "retention (LIST, DELETE)",
+    "unaccounted",
+)
+"""Phases whose seconds do not grow with the round's bytes."""
 
 
 def phase_ratios(r: dict[str, Any]) -> dict[str, float]:
@@ -725,15 +732,14 @@ def rounds_only(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gm-round-") as scratch:
         weed = Seaweed.start(Path(scratch))
         try:
-            for repeat in range(0 if grid else args.repeat):  # interleaved, so a slow spell of the machine hits every arm
-                for merge in merges:
+            for repeat in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
+                for merge in merges if not grid else []:
                     for form in forms:
                         r = one_round(weed, merge, args.m, args.mb, floor=True, arithmetic=form)
                         r["repeat"] = repeat
                         print_round(r)
                         rounds.append(r)
-            for repeat in range(args.repeat if grid else 0):  # the grid, interleaved the same way
-                for m, mb in grid:
+                for m, mb in grid:  # the grid, in place of the timed rounds
                     r = one_round(weed, merges[0], m, mb, floor=True, arithmetic=forms[-1])
                     r["repeat"] = repeat
                     gridded.append(r)
@@ -840,15 +846,7 @@ def grid_phases(r: dict[str, Any]) -> dict[str, float]:
     retention, unaccounted)."""
     f, phases = r["floor"], r["phases"]
     ratios = phase_ratios(r)
-    fixed = sum(
-        phases[name]["s"]
-        for name in (
-            "poll+list (election, leases, head probe, LIST)",
-            "commit (read head, create record once, put head)",
-            "retention (LIST, DELETE)",
-            "unaccounted",
-        )
-    )
+    fixed = sum(phases[name]["s"] for name in FIXED_PHASES)
     return {
         "whole": r["ratio"],
         "collect": ratios["collect"],

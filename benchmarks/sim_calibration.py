@@ -12,15 +12,15 @@ takes spread over the node's cores, whichever is slower), their bytes at the mer
 fragment's bytes at its write rate (the outer step, then the new parameters and the outer state
 written). Calibration: real rounds (``benchmarks.round.one_round``: M learners publish, one pass
 of the real syncer closes the round on loopback SeaweedFS) at each ``--calibrate`` configuration,
-repeated; per configuration the median of each phase, then a straight line through them per
-byte (docs/simulator.md, "Calibrated on a real store"). On loopback the link is no bound and the
+repeated; per configuration the median of each phase, then a least-squares fit through them,
+per contribution and per byte (docs/simulator.md, "Calibrated on a real store"). On loopback the link is no bound and the
 core-seconds are this machine's, the store's included. Prediction: the calibrated model's
 ``sync_s`` for each ``--predict`` configuration (none of them used in the fit), against the same
 real round measured ``--repeat`` times, interleaved so a slow spell of the machine hits every
 configuration; with ``--fewer-cores N`` the predictions are measured again with this process and
 the store pinned to N cores (the kernels' threads N too) and predicted with ``syncer_cores = N``.
-``--from-round-grid`` takes the rounds of a ``benchmarks.round --rounds-only --grid`` run instead
-(its ``arrived`` arm: the shipped code), so one grid serves both benchmarks.
+``--from-round-grid`` takes the rounds of a ``benchmarks.round --rounds-only --grid`` run instead,
+so one grid serves both benchmarks.
 
 With ``--spread-result`` (the JSON ``benchmarks.spread`` writes), the layouts' closed forms are
 set beside that real-process run too: the busiest node's syncer bytes over the mean node's for
@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cpu import add_memory_option, apply_memory_option
-from benchmarks.round import COLLECT_PHASE, WRITE_PHASE, one_round
+from benchmarks.round import COLLECT_PHASE, FIXED_PHASES, WRITE_PHASE, one_round
 from benchmarks.targets import information, verdict, within
 from gradientmail.backends import kernels
 from gradientmail.simulate import Model
@@ -60,13 +60,6 @@ POLL_S = 0.2
 """The session's poll interval (``SessionOptions.poll_interval_s``): how late a syncer may notice a round."""
 MERGE = "rda"
 """The merge of the timed rounds: the default merge of ``DiLoCo``."""
-FIXED_PHASES = (
-    "poll+list (election, leases, head probe, LIST)",
-    "commit (read head, create record once, put head)",
-    "retention (LIST, DELETE)",
-    "unaccounted",
-)
-"""Phases whose seconds do not grow with the round's bytes."""
 WRITE_PHASES = ("outer step", WRITE_PHASE, "other (finiteness of the result, to NumPy)")
 """Phases that grow with the fragment's bytes: the step, then the new parameters and the outer state written."""
 
@@ -131,11 +124,8 @@ def calibrated_model(rounds: list[dict[str, Any]], cores: int) -> tuple[Model, d
     return model, fitted
 
 
-def predicted_s(model: Model, m: int, mb: float, cores: int | None = None) -> float:
-    changes: dict[str, Any] = {"model_bytes": mb * 1e6, "quorum_size": m}
-    if cores is not None:
-        changes["syncer_cores"] = float(cores)
-    return model.with_(**changes).sync_s(m)
+def predicted_s(model: Model, m: int, mb: float, cores: int) -> float:
+    return model.with_(model_bytes=mb * 1e6, quorum_size=m, syncer_cores=float(cores)).sync_s(m)
 
 
 @contextlib.contextmanager
@@ -307,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_round_grid is not None:  # the rounds of a benchmarks.round --grid run, this machine's cores
         for r in json.loads(args.from_round_grid.read_text())["grid"]:
             arm = (len(cores), (r["m"], r["mb"]))
-            if arm in measured and r["merge"] == MERGE and r.get("norms", "arrived") == "arrived":
+            if arm in measured and r["merge"] == MERGE:
                 measured[arm].append(r)
         missing = [f"{m}x{mb:g}" for (n, (m, mb)), found in measured.items() if not found]
         if missing:

@@ -166,6 +166,14 @@ def test_the_grid_sets_each_phase_against_its_floor(tmp_path):
     assert result["rounds"] == []
     assert sorted((r["m"], r["mb"]) for r in result["grid"]) == [(2, 1.0), (2, 2.0), (3, 1.0), (3, 2.0)]
     assert len(json.loads((tmp_path / "result.partial.json").read_text())["grid"]) == 4
+    fitted = subprocess.run(  # the simulator's calibration takes the grid's rounds instead of running its own
+        [sys.executable, "-m", "benchmarks.sim_calibration", "--from-round-grid", str(out), "--calibrate", "2x1,2x2,3x1",
+         "--predict", "3x2", "--json", str(tmp_path / "fit.json")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert fitted.returncode == 0, fitted.stdout[-4000:] + fitted.stderr[-4000:]
+    rows = json.loads((tmp_path / "fit.json").read_text())["rounds"]
+    assert [(r["m"], r["mb"], r["role"], len(r["measured_s"])) for r in rows][-1] == (3, 2.0, "prediction", 1)
     assert all(r["floor"]["hashed_get_s"] > 0 for r in result["grid"])
     bad = subprocess.run(
         [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--grid", "2,4"],

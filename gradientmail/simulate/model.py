@@ -135,7 +135,7 @@ class Model:
     sha256, decode, the finite-and-norm pass, the streamed merge's fold), as measured; its collect
     then takes the longer of the link's time and this CPU spread over ``syncer_cores``. None: the
     collect runs at the link's rate alone. benchmarks/sim_calibration.py fits it on real rounds
-    of up to 2 GB (docs/simulator.md, "Calibrated on a real store")."""
+    of up to 1 GB (docs/simulator.md, "Calibrated on a real store")."""
     syncer_contribution_s: float = 0.0
     """Seconds each contribution adds to a collect whatever its bytes (its record's read, the
     first byte of each of its requests): what makes a round of many small contributions slower
@@ -241,7 +241,8 @@ class Model:
     def collect_s(self, contributions: float) -> float:
         """Seconds the closing node takes to collect ``contributions`` (fetch, check, fold): their
         bytes at the link's rate or, with ``collect_core_s_per_gb``, at the rate its cores sustain,
-        whichever is slower (the two overlap: parts are checked as they arrive)."""
+        whichever is slower (the two overlap: parts are hashed as they arrive), plus
+        ``syncer_contribution_s`` for each."""
         nbytes = contributions * self.fragment_bytes
         fixed = contributions * self.syncer_contribution_s
         link = nbytes / self.closing_bandwidth_bps
