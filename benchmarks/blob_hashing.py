@@ -5,12 +5,14 @@
 What a node spends on a blob besides moving its bytes is hashing: the record needs the blob's
 sha256, and botocore by default hashes every body again (a CRC32 on every PutObject and, over
 http, the sha256 of SigV4 payload signing; a CRC32 check of every GetObject). The mailbox hashes
-each byte once per side (``put_sha256``/``get_sha256``; docs/protocol.md, "Integrity").
+each byte once per side (``put_hashed``/``get_hashed``; docs/protocol.md, "Integrity").
 
 The reference is plain boto3 with its default configuration doing the same job: ``put_object``
 plus ``hashlib.sha256`` of the body for the record (the writer), ``get_object`` plus the sha256
-to check it (the reader), single requests, on the same loopback SeaweedFS (http, so botocore
-signs payloads, as on an on-prem MinIO). Printed: median process CPU per blob of each side and
+to check it (the reader), against the mailbox with sha256 blobs (a run from before manifests
+named a digest) and with BLAKE3 blobs (a new run's; no server-side checksum, docs/protocol.md),
+single requests, on the same loopback SeaweedFS (http, so botocore signs payloads, as on an
+on-prem MinIO). Printed: median process CPU per blob of each side and
 the ratio mailbox / boto3 (below 1: the mailbox spends less). CPU, not wall time: the server
 shares the machine, and the question is what the node's own cores spend.
 """
@@ -59,8 +61,10 @@ def measure(server: Seaweed, size_mb: int, repeats: int) -> dict[str, float]:
     prefix = f"bench-hashing-boto3/{size_mb}"
     try:
         figures = {
-            "mailbox write": cpu_median(repeats, lambda i: mailbox.put_sha256(f"m{i}", data)),
-            "mailbox read": cpu_median(repeats, lambda i: mailbox.get_sha256(f"m{i}")),
+            "mailbox write": cpu_median(repeats, lambda i: mailbox.put_hashed(f"m{i}", data, "sha256")),
+            "mailbox read": cpu_median(repeats, lambda i: mailbox.get_hashed(f"m{i}", "sha256")),
+            "mailbox write, blake3 blobs": cpu_median(repeats, lambda i: mailbox.put_hashed(f"b{i}", data, "blake3")),
+            "mailbox read, blake3 blobs": cpu_median(repeats, lambda i: mailbox.get_hashed(f"b{i}", "blake3")),
             "boto3 write": cpu_median(
                 repeats,
                 lambda i: (
@@ -91,11 +95,13 @@ def main(argv: list[str] | None = None) -> None:
             for size_mb in args.sizes_mb:
                 f = measure(server, size_mb, args.repeats)
                 for side in ("write", "read"):
-                    ours, reference = f[f"mailbox {side}"], max(f[f"boto3 {side}"], 1e-6)  # process_time's resolution
-                    print(
-                        f"{size_mb} MB {side}: mailbox {ours * 1e3:.0f} ms CPU, boto3 {reference * 1e3:.0f} ms CPU, "
-                        f"ratio {ours / reference:.2f}x"
-                    )
+                    reference = max(f[f"boto3 {side}"], 1e-6)  # process_time's resolution
+                    for arm, label in ((f"mailbox {side}", ""), (f"mailbox {side}, blake3 blobs", ", blake3 blobs")):
+                        ours = f[arm]
+                        print(
+                            f"{size_mb} MB {side}{label}: mailbox {ours * 1e3:.0f} ms CPU, boto3 {reference * 1e3:.0f} ms CPU, "
+                            f"ratio {ours / reference:.2f}x"
+                        )
         finally:
             server.stop()
 

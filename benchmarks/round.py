@@ -17,7 +17,10 @@ interleaved, the verdict on the median; ``--sweep 2x64,4x64,...`` fits round tim
 (target R² ≥ 0.98) beside the floor's own fit; ``--grid 2,4,8,16x16,64,256`` times every M with
 every MB instead (the first merge), ``--repeat`` times interleaved, and prints each phase against
 its floor: whole round ÷ floor, collect ÷ the floor's GETs and ÷ those GETs hashing every body
-(target at M = 2, 4, 8 × 256 MB: ≤ 1.2×), write ÷ the PUTs.
+with the run's digest (target at M = 2, 4, 8 × 256 MB: ≤ 1.2×), write ÷ the PUTs. ``--digest
+blake3|sha256|both`` is the runs' blob digest (default: a new run's, BLAKE3); ``both`` runs each
+round with each, interleaved (each first in every other repeat, after one untimed round that grows
+the process's heap), and prints each round's BLAKE3 ÷ sha256, paired by repeat.
 
 Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hooks counting its
 requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
@@ -38,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import io
 import itertools
 import json
@@ -63,6 +65,7 @@ from benchmarks.cpu import CpuSpan, add_memory_option, apply_memory_option, cpu_
 from benchmarks.s3_requests import RequestCounter, counting_session
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
 from gradientmail.backends import get_backend, payload
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DIGESTS, DigestName, hex_digest
 from gradientmail.mailbox import S3Tuning
 from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.session.join import RunProposal, join_run
@@ -147,14 +150,14 @@ class TimedMailbox:
     def get_versioned(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         return self._timed("get", key, lambda: self._inner.get_versioned(key, max_bytes=max_bytes), lambda r: len(r[0]))
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         """The store's hashing read (``HashingGet``) where it has one, logged as a GET (the hash
-        runs inside it, while the parts stream); else a GET and a sha256 apart."""
+        runs inside it, while the parts stream); else a GET and the hash apart."""
         inner = self._inner
         if isinstance(inner, HashingGet):
-            return self._timed("get", key, lambda: inner.get_sha256(key, max_bytes=max_bytes), lambda r: len(r[0]))
+            return self._timed("get", key, lambda: inner.get_hashed(key, digest, max_bytes=max_bytes), lambda r: len(r[0]))
         data = self.get(key, max_bytes=max_bytes)
-        return data, run_store_module.sha256_hex(data)
+        return data, hex_digest(digest, data)
 
     def head(self, key: str) -> Any:
         return self._timed("head", key, lambda: self._inner.head(key), lambda _: 0)
@@ -168,15 +171,15 @@ class TimedMailbox:
     def put(self, key: str, data: bytes) -> str:
         return self._timed("put", key, lambda: self._inner.put(key, data), lambda _: len(data))
 
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
         """The store's hashing write (``HashingPut``, a gathered blob sent out of its pieces)
         where it has one, logged as a PUT (the hash runs inside it, while the parts go); else
-        the pieces joined, a PUT and a sha256 apart."""
+        the pieces joined, a PUT and the hash apart."""
         inner = self._inner
         if isinstance(inner, HashingPut):
-            return self._timed("put", key, lambda: inner.put_sha256(key, data), lambda _: len(data))
+            return self._timed("put", key, lambda: inner.put_hashed(key, data, digest), lambda _: len(data))
         whole = joined(data)
-        return self.put(key, whole), run_store_module.sha256_hex(whole)
+        return self.put(key, whole), hex_digest(digest, whole)
 
     def create(self, key: str, data: bytes) -> str:
         return self._timed("create", key, lambda: self._inner.create(key, data), lambda _: len(data))
@@ -259,9 +262,12 @@ def _mbps(nbytes: float, seconds: float) -> float:
 
 
 # -- the floor ------------------------------------------------------------------------------------
-def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scratch_prefix: str) -> dict[str, Any]:
+def boto3_floor(
+    weed: Seaweed, object_keys: list[str], put_sizes: list[int], scratch_prefix: str, digest: DigestName = "sha256"
+) -> dict[str, Any]:
     """GET ``object_keys`` and PUT objects of ``put_sizes`` with plain boto3: sequential single
-    requests, and s3transfer. Returns seconds and bytes of each; ``floor_s`` is the faster total."""
+    requests, and s3transfer. Returns seconds and bytes of each; ``floor_s`` is the faster total.
+    The hashed single requests take ``digest`` (the run's) of every body."""
     from boto3.s3.transfer import TransferConfig
 
     client = weed.client(max_pool_connections=16)
@@ -280,17 +286,18 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
             client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=blob[:size])
     out["single_put_s"] = put_cpu.wall_s
     out["single_cpu"] = {"get": get_cpu.as_json(), "put": put_cpu.as_json(), "both": (get_cpu + put_cpu).as_json()}
-    # the same single requests with the sha256 of every body a plain client would take to
-    # check or record a blob (the protocol's integrity, docs/protocol.md): a reference beside
-    # the floor, what that hash alone costs on this machine
+    # the same single requests with the digest of every body (the run's: sha256 or BLAKE3) a plain
+    # client would take to check or record a blob (the protocol's integrity, docs/protocol.md): a
+    # reference beside the floor, what that hash alone costs on this machine
     start = time.monotonic()
     for key in object_keys:
-        hashlib.sha256(client.get_object(Bucket=bucket, Key=key)["Body"].read()).digest()
+        hex_digest(digest, client.get_object(Bucket=bucket, Key=key)["Body"].read())
     out["hashed_get_s"] = time.monotonic() - start
+    out["digest"] = digest
     start = time.monotonic()
     for i, size in enumerate(put_sizes):
         body = blob[:size]
-        hashlib.sha256(body).digest()
+        hex_digest(digest, body)
         client.put_object(Bucket=bucket, Key=f"{scratch_prefix}/single-{i}", Body=body)
     out["hashed_put_s"] = time.monotonic() - start
     # s3transfer (boto3's managed transfers: parallel ranged GETs / multipart uploads)
@@ -319,9 +326,19 @@ def boto3_floor(weed: Seaweed, object_keys: list[str], put_sizes: list[int], scr
 
 
 # -- one round ------------------------------------------------------------------------------------
-def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arithmetic: str = "streamed") -> dict[str, Any]:
+def one_round(
+    weed: Seaweed,
+    merge: str,
+    m: int,
+    mb: float,
+    *,
+    floor: bool,
+    arithmetic: str = "streamed",
+    digest: DigestName = DEFAULT_BLOB_DIGEST,
+) -> dict[str, Any]:
     """Publish ``m`` contributions, close the round with one syncer pass; time and count it.
-    ``arithmetic``: the run's ``merge_arithmetic`` (``streamed``, the default, or ``normalized``)."""
+    ``arithmetic``: the run's ``merge_arithmetic`` (``streamed``, the default, or ``normalized``);
+    ``digest``: the run's ``blob_digest`` (BLAKE3, a new run's, or sha256, a run from before)."""
     server = weed.server
     prefix = f"bench-round/{merge}-{m}-{uuid.uuid4().hex[:8]}"
     counters = {name: RequestCounter() for name in ("syncer", "publishers", "fetcher")}
@@ -338,8 +355,10 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arit
         publisher = RunStore(publisher_box)
         # a long lease TTL: in a node the election renews on a thread of its own; here the syncer's
         # passes are called by hand and the publishing between two of them may outlast a short TTL
-        spec, _ = join_run(publisher, backend, model, RunProposal(algorithm, lease_ttl_s=LEASE_TTL_S), "learner-0")
+        proposal = RunProposal(algorithm, lease_ttl_s=LEASE_TTL_S, blob_digest=digest)
+        spec, _ = join_run(publisher, backend, model, proposal, "learner-0")
         syncer_store = RunStore(TimedMailbox(syncer_box, calls))
+        syncer_store.read_spec()  # as a syncer node does: its blobs are written under the run's digest
         syncer = SyncerRuntime(syncer_store, backend, spec, "syncer", poll_interval_s=0.2)
         syncer.run_once()  # elected; the base (version 0) loaded: the state between two rounds
         idle_before = counters["syncer"].requests()
@@ -390,6 +409,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arit
         result: dict[str, Any] = {
             "merge": merge,
             "arithmetic": arithmetic,
+            "digest": digest,
             "m": m,
             "mb": mb,
             "publish_s": publish_s,
@@ -411,7 +431,7 @@ def one_round(weed: Seaweed, merge: str, m: int, mb: float, *, floor: bool, arit
         result["written_bytes"] = sum(written)
         if floor:
             object_keys = [f"{prefix}/{k}" for k in blob_keys]
-            result["floor"] = boto3_floor(weed, object_keys, written, f"{prefix}/floor")
+            result["floor"] = boto3_floor(weed, object_keys, written, f"{prefix}/floor", digest)
             result["ratio"] = result["whole_s"] / result["floor"]["floor_s"]
         return result
     finally:
@@ -723,6 +743,7 @@ def rounds_only(args: argparse.Namespace) -> int:
         args.mb, args.m = 1.0, 2
     sweep = [tuple(float(x) for x in item.split("x")) for item in args.sweep.split(",") if item]
     grid = parse_grid(args.grid)
+    digests: list[DigestName] = list(DIGESTS) if args.digest == "both" else [args.digest]
     out = args.json or ROOT / "runs" / f"round-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
     partial = out.with_name(out.stem + ".partial.json")
     logging.basicConfig(level=logging.WARNING)
@@ -732,6 +753,8 @@ def rounds_only(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="gm-round-") as scratch:
         weed = Seaweed.start(Path(scratch))
         try:
+            if grid:  # the first round of a process grows its heap (freed memory is kept): not an arm's cost
+                one_round(weed, merges[0], *grid[0], floor=False, arithmetic=forms[-1], digest=digests[0])
             for repeat in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
                 for merge in merges if not grid else []:
                     for form in forms:
@@ -739,11 +762,12 @@ def rounds_only(args: argparse.Namespace) -> int:
                         r["repeat"] = repeat
                         print_round(r)
                         rounds.append(r)
-                for m, mb in grid:  # the grid, in place of the timed rounds
-                    r = one_round(weed, merges[0], m, mb, floor=True, arithmetic=forms[-1])
+                order = digests if repeat % 2 == 0 else digests[::-1]  # each digest first in every other repeat
+                for (m, mb), digest in itertools.product(grid, order):  # the grid, in place of the timed rounds
+                    r = one_round(weed, merges[0], m, mb, floor=True, arithmetic=forms[-1], digest=digest)
                     r["repeat"] = repeat
                     gridded.append(r)
-                    print(f"  grid repeat {repeat + 1}: {grid_line(r)}")
+                    print(f"  grid repeat {repeat + 1}, {digest}: {grid_line(r)}")
                     partial.parent.mkdir(parents=True, exist_ok=True)  # a long grid keeps what it measured
                     partial.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "grid": gridded}))
             for m, mb in sweep:
@@ -863,19 +887,34 @@ def grid_line(r: dict[str, Any]) -> str:
     g = grid_phases(r)
     return (
         f"M = {r['m']:2d} × {r['mb']:5g} MB: {r['whole_s']:7.3f} s, {g['whole']:.2f}× the floor; collect "
-        f"{g['collect_gb_s']:.2f} GB/s, {g['collect']:.2f}× the GETs, {g['collect_hashed']:.2f}× GETs + sha256; "
+        f"{g['collect_gb_s']:.2f} GB/s, {g['collect']:.2f}× the GETs, {g['collect_hashed']:.2f}× GETs + "
+        f"{r['floor'].get('digest', 'sha256')}; "
         f"write {g['write']:.2f}× the PUTs; merge {g['merge_s']:.3f} s, step {g['step_s']:.3f} s, fixed {g['fixed_s']:.3f} s"
     )
 
 
 def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[Any]:
-    """The grid's table (medians over the repeats) and its verdicts: whole round ≤ 1.3× the floor
-    and collect ≤ 1.2× the hashed GETs at the configurations the targets name, information elsewhere."""
+    """The grid's tables (medians over the repeats), one per run digest, and their verdicts: whole
+    round ≤ 1.3× the floor and collect ≤ 1.2× the GETs hashing every body (with the run's digest)
+    at the configurations the targets name, for the shipped digest (a new run's); information
+    elsewhere, and for sha256 (a run from before). With both digests, each round's blake3 ÷ sha256
+    (medians of the repeats' ratios, the two arms interleaved)."""
+    verdicts = []
+    digests = sorted({r.get("digest", "sha256") for r in gridded}, key=lambda d: d != DEFAULT_BLOB_DIGEST)
+    for digest in digests:
+        verdicts += _grid_table([r for r in gridded if r.get("digest", "sha256") == digest], merge, form, digest)
+    if len(digests) > 1:
+        verdicts += _digest_ab(gridded, merge)
+    return verdicts
+
+
+def _grid_table(gridded: list[dict[str, Any]], merge: str, form: str, digest: str) -> list[Any]:
     configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
     columns = ("whole", "collect", "collect_hashed", "write", "collect_gb_s", "merge_s", "step_s", "fixed_s")
-    print(f"\n== the round's phases against their floors, {merge} ({form}): medians of the repeats ==")
+    judged = digest == DEFAULT_BLOB_DIGEST
+    print(f"\n== the round's phases against their floors, {merge} ({form}), {digest} blobs: medians of the repeats ==")
     print(
-        f"  {'M × MB':>10} {'round÷floor':>12} {'collect÷GETs':>13} {'÷GETs+sha256':>13} {'write÷PUTs':>11} "
+        f"  {'M × MB':>10} {'round÷floor':>12} {'collect÷GETs':>13} {'÷GETs+' + digest:>13} {'write÷PUTs':>11} "
         f"{'collect GB/s':>13} {'merge s':>8} {'step s':>7} {'fixed s':>8}"
     )
     verdicts = []
@@ -886,14 +925,14 @@ def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[
             f"  {f'{m} × {mb:g}':>10} {med['whole']:12.2f} {med['collect']:13.2f} {med['collect_hashed']:13.2f} "
             f"{med['write']:11.2f} {med['collect_gb_s']:13.2f} {med['merge_s']:8.3f} {med['step_s']:7.3f} {med['fixed_s']:8.3f}"
         )
-        name = f"M = {m} × {mb:g} MB, {merge}"
-        if mb >= GRID_JUDGED_MB and m in GRID_JUDGED_M:
+        name = f"M = {m} × {mb:g} MB, {merge}, {digest} blobs"
+        if judged and mb >= GRID_JUDGED_MB and m in GRID_JUDGED_M:
             verdicts += [
                 verdict(
                     f"whole syncer round ≤ {TARGET_RATIO}× boto3 floor, {name}", [g["whole"] for g in mine], at_most(TARGET_RATIO)
                 ),
                 verdict(
-                    f"collect ≤ {TARGET_COLLECT_RATIO}× the floor's GETs hashing every body, {name}",
+                    f"collect ≤ {TARGET_COLLECT_RATIO}× the floor's GETs hashing every body ({digest}), {name}",
                     [g["collect_hashed"] for g in mine],
                     at_most(TARGET_COLLECT_RATIO),
                 ),
@@ -901,9 +940,48 @@ def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[
         else:
             verdicts += [
                 information(f"whole syncer round ÷ boto3 floor, {name}", [g["whole"] for g in mine]),
-                information(f"collect ÷ the floor's GETs hashing every body, {name}", [g["collect_hashed"] for g in mine]),
+                information(
+                    f"collect ÷ the floor's GETs hashing every body ({digest}), {name}", [g["collect_hashed"] for g in mine]
+                ),
             ]
     return verdicts
+
+
+def _digest_ab(gridded: list[dict[str, Any]], merge: str) -> list[Any]:
+    """Each configuration's round with BLAKE3 blobs ÷ the same round with sha256 blobs, paired by
+    repeat (the arms run back to back), whole and collect: what the digest buys end to end."""
+    by = {(r["m"], r["mb"], r["repeat"], r.get("digest", "sha256")): r for r in gridded}
+    configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
+    print(f"\n== blake3 ÷ sha256 blobs, {merge}: medians of the paired repeats ==")
+    print(f"  {'M × MB':>10} {'whole round':>12} {'collect':>8} {'write':>6} {'pass CPU-s':>11}")
+    verdicts = []
+    for m, mb in configs:
+        pairs = [
+            (by[(m, mb, k, "blake3")], by[(m, mb, k, "sha256")])
+            for k in sorted({r["repeat"] for r in gridded})
+            if (m, mb, k, "blake3") in by and (m, mb, k, "sha256") in by
+        ]
+        if not pairs:
+            continue
+        whole = [b["whole_s"] / s["whole_s"] for b, s in pairs]
+        collect = [b["phases"][COLLECT_PHASE]["s"] / s["phases"][COLLECT_PHASE]["s"] for b, s in pairs]
+        write = [b["phases"][WRITE_PHASE]["s"] / s["phases"][WRITE_PHASE]["s"] for b, s in pairs]
+        cpu = [_pass_cpu_s(b) / _pass_cpu_s(s) for b, s in pairs]
+        print(
+            f"  {f'{m} × {mb:g}':>10} {statistics.median(whole):12.3f} {statistics.median(collect):8.3f} "
+            f"{statistics.median(write):6.3f} {statistics.median(cpu):11.3f}"
+        )
+        verdicts += [
+            information(f"whole round, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", whole),
+            information(f"collect, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", collect),
+            information(f"pass CPU-s (client + server), blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", cpu),
+        ]
+    return verdicts
+
+
+def _pass_cpu_s(r: dict[str, Any]) -> float:
+    """CPU-seconds of a round's syncer pass, this process and the server together."""
+    return float(r["cpu"]["total_s"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -956,6 +1034,12 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="runs of every judged figure (rounds per arm, idle and training; default 3, --quick 1); the median decides",
+    )
+    parser.add_argument(
+        "--digest",
+        choices=(*DIGESTS, "both"),
+        default=DEFAULT_BLOB_DIGEST,
+        help="the runs' blob digest in --rounds-only (both: each round with each, interleaved, and blake3 ÷ sha256)",
     )
     add_memory_option(parser, default="retained")  # as a gradientmail node runs
     args = parser.parse_args(argv)

@@ -21,15 +21,17 @@ Three measurements, one run:
 The goodput runs also split the process's CPU seconds by thread (``benchmarks.cpu.ThreadCpu``)
 and count the blob bytes each thread moves through the mailbox, so a **learner's CPU per sync**
 (the training thread inside ``step()``, its exchange and lease threads) is set against its
-reference measured in the same run: one copy plus one sha256 of the bytes the learner moved
-(its contribution up, the commits it read down), target ≤ 1.5×. The syncer's CPU per round (the
+reference measured in the same run: one copy plus one hash of the bytes the learner moved (its
+contribution up, the commits it read down), target ≤ 1.5×; the hash is the run's blob digest
+(BLAKE3, a new run's; ``gradientmail/digests.py``), and the same CPU against a copy plus a
+sha256 (the reference before runs named BLAKE3) is printed beside it. The syncer's CPU per round (the
 syncer, election, fetch and kernel threads; quorum 1, so a round per contribution) is printed
 beside it against one copy plus one hash of the bytes the syncer moved. Both are also set against
-the directory store's own floor, measured right after each session run beside its blobs: a sha256
-plus a plain write and fsync of a new file per byte written, a copy plus a sha256 per byte read
+the directory store's own floor, measured right after each session run beside its blobs: a hash
+plus a plain write and fsync of a new file per byte written, a copy plus a hash per byte read
 (on a VM that hands freed pages back to its host, a new file's page-cache pages are the dearest
 part of a sync), and the learner's CPU outside the kernel (user seconds, the exchange's own code)
-is printed against copy + sha256 too.
+is printed against copy + hash too.
 
 ``--memory retained`` runs the whole process (bare loop and session alike) with
 ``gm.retain_freed_memory()`` applied first, as a ``gradientmail node`` runs; the default,
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -62,6 +63,7 @@ import torch
 import gradientmail as gm
 from benchmarks.cpu import ThreadCpu, add_memory_option, apply_memory_option, thread_group
 from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, information, verdict
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName, hex_digest
 from gradientmail.mailbox import ForwardingMailbox, Mailbox
 from gradientmail.mailbox.base import Gathered
 
@@ -72,8 +74,10 @@ LAYERS = 4  # 4 × (2000² + 2000) ≈ 16.0M parameters
 BATCH = 16
 TARGETS = {20: 0.98, 100: 0.995}
 IDLE_TARGET_US = 10.0
+HASH: DigestName = DEFAULT_BLOB_DIGEST
+"""The blob digest of the runs measured (a new run's): the hash in the sync CPU's reference."""
 SYNC_CPU_TARGET = 1.5
-"""A learner's CPU seconds per sync ÷ one copy plus one sha256 of the bytes it moved (issue 44)."""
+"""A learner's CPU seconds per sync ÷ one copy plus one hash (the run's digest) of the bytes it moved (issue 44)."""
 LEARNER_THREADS = ("MainThread", "gm-exchange", "gm-lease")
 """Thread families that are the learner's side of a session (MainThread: only its time in step())."""
 SYNCER_THREADS = ("gm-syncer", "gm-election", "gm-fetch", "gm-kernel", "gm-commit")
@@ -143,7 +147,7 @@ def bare_run(steps: int) -> tuple[float, float]:
 
 
 class BlobBytesByThread(ForwardingMailbox):
-    """Counts the blob bytes each thread family reads (``get_sha256``) and writes (``put_sha256``):
+    """Counts the blob bytes each thread family reads (``get_hashed``) and writes (``put_hashed``):
     every tensor blob goes through them on the directory store; records are a few KB."""
 
     def __init__(self, inner: Mailbox) -> None:
@@ -165,15 +169,15 @@ class BlobBytesByThread(ForwardingMailbox):
         with self._lock:
             into[family] = into.get(family, 0) + size
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        data, digest = self._forward_get_sha256(key, max_bytes=max_bytes)  # the store's own hashed read, or get + hash
+    def get_hashed(self, key: str, digest_name: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        data, digest = self._forward_get_hashed(key, digest_name, max_bytes=max_bytes)  # the store's hashed read, or get + hash
         self._count(self.read, len(data))
         return data, digest
 
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
         self._count(self.written, len(data))
         self._count(self.writes, 1)
-        return self._forward_put_sha256(key, data)
+        return self._forward_put_hashed(key, data, digest)
 
 
 def fragment_bytes(model: torch.nn.Module) -> int:
@@ -181,9 +185,9 @@ def fragment_bytes(model: torch.nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters()) // FRAGMENTS
 
 
-def copy_and_hash_s(size: int, repeats: int = 5) -> float:
-    """CPU seconds of one copy (into a buffer already touched) plus one sha256 of ``size`` bytes:
-    the reference a sync's CPU is set against, median of ``repeats``."""
+def copy_and_hash_s(size: int, digest: DigestName = HASH, repeats: int = 5) -> float:
+    """CPU seconds of one copy (into a buffer already touched) plus one hash (``digest``) of
+    ``size`` bytes: the reference a sync's CPU is set against, median of ``repeats``."""
     source = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
     target = np.empty_like(source)
     target[:] = 0
@@ -191,13 +195,13 @@ def copy_and_hash_s(size: int, repeats: int = 5) -> float:
     for _ in range(repeats):
         started = time.thread_time()
         np.copyto(target, source)
-        hashlib.sha256(source).digest()
+        hex_digest(digest, source)
         times.append(time.thread_time() - started)
     return statistics.median(times)
 
 
 def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> float:
-    """CPU seconds of one sha256 plus one plain ``write`` and ``fsync`` of ``size`` bytes into a
+    """CPU seconds of one hash (the run's) plus one plain ``write`` and ``fsync`` of ``size`` bytes into a
     new file beside a run's blobs (kept until the last is written, as a run keeps its blobs): the
     least a blob costs the directory store on this machine at that moment, page-cache pages
     included, median of ``repeats``."""
@@ -206,7 +210,7 @@ def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> float
     times, paths = [], [directory / f"floor-{i}" for i in range(repeats)]
     for path in paths:
         started = time.thread_time()
-        hashlib.sha256(source).digest()
+        hex_digest(HASH, source)
         with open(path, "wb", buffering=0) as stream:
             stream.write(memoryview(source))
             os.fsync(stream.fileno())
@@ -290,7 +294,8 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
     # the reference, in the same process after the runs
     fragment = fragment_bytes(build_model())
     copy_s_per_byte = copy_and_hash_s(fragment) / fragment
-    syncs = [sync_cpu(s, copy_s_per_byte) for s in sessions]
+    copy_sha256_s_per_byte = copy_and_hash_s(fragment, "sha256") / fragment
+    syncs = [sync_cpu(s, copy_s_per_byte, copy_sha256_s_per_byte) for s in sessions]
     best_bare = min(b for b, _ in bares)
     best = min(sessions, key=lambda s: s["elapsed_s"])
     step_s = best_bare / steps
@@ -312,6 +317,9 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
         "alignments": best["alignments"],
         "latency_s": quantiles(latencies),
         "copy_and_hash_gb_s": 1e-9 / copy_s_per_byte,
+        "hash": HASH,
+        "copy_and_sha256_gb_s": 1e-9 / copy_sha256_s_per_byte,
+        "learner_sha256_ratios": [s["learner"]["sha256_ratio"] for s in syncs],
         "sync_cpu": syncs,
         "learner_sync_ratios": [s["learner"]["ratio"] for s in syncs],
         "learner_file_floor_ratios": [s["learner"]["file_floor_ratio"] for s in syncs],
@@ -321,10 +329,11 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
     }
 
 
-def sync_cpu(run: dict[str, Any], copy_s_per_byte: float) -> dict[str, Any]:
+def sync_cpu(run: dict[str, Any], copy_s_per_byte: float, copy_sha256_s_per_byte: float) -> dict[str, Any]:
     """One session run's CPU per sync (learner) and per round (syncer; quorum 1, a round per
-    contribution), each ÷ one copy plus one sha256 (``copy_s_per_byte``) of the bytes that side
-    read and wrote. A sync is one contribution the exchange uploaded during the timed loop."""
+    contribution), each ÷ one copy plus one hash of the run's digest (``copy_s_per_byte``) of the
+    bytes that side read and wrote, and ÷ a copy plus a sha256 (``copy_sha256_s_per_byte``). A
+    sync is one contribution the exchange uploaded during the timed loop."""
     syncs = max(1, run["uploads"])
     figures: dict[str, Any] = {}
     for side in ("learner", "syncer"):
@@ -338,6 +347,7 @@ def sync_cpu(run: dict[str, Any], copy_s_per_byte: float) -> dict[str, Any]:
             "written_mb": written / syncs / 1e6,
             "reference_ms": reference / syncs * 1e3,
             "ratio": cpu / max(reference, 1e-12),
+            "sha256_ratio": cpu / max(copy_sha256_s_per_byte * (read + written), 1e-12),
             "user_ratio": (cpu - run[f"{side}_system_s"]) / max(reference, 1e-12),
             "file_floor_ms": file_floor / syncs * 1e3,
             "file_floor_ratio": cpu / max(file_floor, 1e-12),
@@ -480,17 +490,20 @@ def main(argv: list[str] | None = None) -> int:
             f"        CPU-seconds over the bare loop (median of pairs) {figures['extra_cpu_s']:.2f} "
             f"(background threads {figures['background_cpu_s']:.2f})"
         )
-        print(f"        reference: one copy + one sha256 at {figures['copy_and_hash_gb_s']:.2f} GB/s in this process")
+        print(
+            f"        reference: one copy + one {figures['hash']} at {figures['copy_and_hash_gb_s']:.2f} GB/s in this process "
+            f"(+ sha256: {figures['copy_and_sha256_gb_s']:.2f} GB/s)"
+        )
         for sync in figures["sync_cpu"]:
             sides = "; ".join(
                 f"{side} {f['cpu_ms']:.0f} CPU-ms ({f['system_ms']:.0f} of it the kernel's; "
                 f"read {f['read_mb']:.1f} MB, wrote {f['written_mb']:.1f} MB) "
-                f"= {f['ratio']:.2f}x copy+sha256 ({f['reference_ms']:.0f} ms), "
+                f"= {f['ratio']:.2f}x copy+{HASH} ({f['reference_ms']:.0f} ms; {f['sha256_ratio']:.2f}x copy+sha256), "
                 f"{f['file_floor_ratio']:.2f}x the file floor ({f['file_floor_ms']:.0f} ms)"
                 for side, f in ((side, sync[side]) for side in ("learner", "syncer"))
             )
             threads = ", ".join(f"{name} {ms:.0f}" for name, ms in sync["threads_cpu_ms"].items() if ms >= 1)
-            print(f"        per sync (file floor: sha256 + write + fsync of a new file at {sync['file_floor_gb_s']:.2f} GB/s):")
+            print(f"        per sync (file floor: {HASH} + write + fsync of a new file at {sync['file_floor_gb_s']:.2f} GB/s):")
             print(f"          {sides}; threads (CPU-ms) {threads}; unsampled {sync['missed_cpu_ms']:.0f}")
         if lat["n"]:
             print(f"        publish-to-commit median {lat['median'] * 1e3:.0f} ms  p90 {lat['p90'] * 1e3:.0f} ms  (n={lat['n']})")
@@ -539,10 +552,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             verdicts.append(
                 verdict(
-                    f"H={sync_every} learner CPU per sync ≤ {SYNC_CPU_TARGET:g}× one copy + one sha256 of its bytes",
+                    f"H={sync_every} learner CPU per sync ≤ {SYNC_CPU_TARGET:g}× one copy + one {HASH} of its bytes",
                     figures["learner_sync_ratios"],
                     at_most(SYNC_CPU_TARGET),
-                    detail=f"copy+sha256 at {figures['copy_and_hash_gb_s']:.2f} GB/s in this run",
+                    detail=f"copy+{HASH} at {figures['copy_and_hash_gb_s']:.2f} GB/s in this run",
+                )
+            )
+            verdicts.append(
+                information(
+                    f"H={sync_every} learner CPU per sync ÷ one copy + one sha256 of its bytes",
+                    figures["learner_sha256_ratios"],
+                    why=f"the reference before runs named BLAKE3 (copy+sha256 at {figures['copy_and_sha256_gb_s']:.2f} GB/s)",
                 )
             )
             verdicts.append(
@@ -554,12 +574,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             verdicts.append(
                 information(
-                    f"H={sync_every} learner CPU per sync outside the kernel ÷ one copy + one sha256 of its bytes",
+                    f"H={sync_every} learner CPU per sync outside the kernel ÷ one copy + one {HASH} of its bytes",
                     figures["learner_user_ratios"],
                     why="the exchange's own code: the kernel's share is mostly the page cache's new pages",
                 )
             )
-            for floor, key in (("copy + sha256", "syncer_round_ratios"), ("the file floor", "syncer_file_floor_ratios")):
+            for floor, key in ((f"copy + {HASH}", "syncer_round_ratios"), ("the file floor", "syncer_file_floor_ratios")):
                 verdicts.append(
                     information(
                         f"H={sync_every} syncer CPU per round ÷ {floor} of its bytes",

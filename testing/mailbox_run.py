@@ -17,6 +17,7 @@ import numpy as np
 
 import gradientmail as gm
 from gradientmail.backends import get_backend, payload
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName
 from gradientmail.mailbox import ForwardingMailbox, Mailbox
 from gradientmail.records import SavedState, keys
 from gradientmail.records.auth import RunKey
@@ -203,13 +204,15 @@ def create_run(
     key: RunKey | None = None,
     retention: Retention | None = None,
     clock: MovableClock | None = None,
+    blob_digest: DigestName | None = DEFAULT_BLOB_DIGEST,
 ) -> Run:
     """Create a run of ``ALGORITHM`` in ``mailbox`` with version 0 committed, and an in-process
-    syncer on a manual clock that has not polled yet."""
+    syncer on a manual clock that has not polled yet. ``blob_digest`` None: a manifest that
+    names no digest, as every run from before manifests named one (sha256)."""
     model = model or SMALL_MODEL
     box = mailbox if isinstance(mailbox, MeteredMailbox) else MeteredMailbox(mailbox)
     store = RunStore(box, key)
-    proposal = RunProposal(ALGORITHM, lease_ttl_s=LEASE_TTL_S, retention=retention)
+    proposal = RunProposal(ALGORITHM, lease_ttl_s=LEASE_TTL_S, retention=retention, blob_digest=blob_digest)
     spec, created = join_run(store, NUMPY, initial_params(model), proposal, "creator")
     assert created, f"a run exists already in {box.url}"
     clock = clock or ManualClock()

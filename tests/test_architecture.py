@@ -49,7 +49,16 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("backends", ("gradientmail/backends/",)),
     ("records", ("gradientmail/records/",)),
     ("mailbox", ("gradientmail/mailbox/",)),
-    ("foundation", ("gradientmail/errors.py", "gradientmail/polling.py", "gradientmail/_version.py", "gradientmail/memory.py")),
+    (
+        "foundation",
+        (
+            "gradientmail/errors.py",
+            "gradientmail/polling.py",
+            "gradientmail/_version.py",
+            "gradientmail/memory.py",
+            "gradientmail/digests.py",
+        ),
+    ),
 )
 
 

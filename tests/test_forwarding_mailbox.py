@@ -18,6 +18,7 @@ from importlib import import_module
 import pytest
 
 import gradientmail.mailbox
+from gradientmail.digests import DigestName
 from gradientmail.errors import KeyNotFound, RecordExists, VersionConflict
 from gradientmail.mailbox import FileMailbox, ForwardingMailbox, Mailbox, MemoryMailbox, MeteredMailbox, MinioMailbox, S3Mailbox
 from gradientmail.mailbox.base import OPTIONAL_CAPABILITIES, HashingGet, HashingPut, StampedGet
@@ -26,7 +27,7 @@ from gradientmail.mailbox.metered import OPERATIONS
 PROTOCOL = frozenset(name for name in vars(Mailbox) if not name.startswith("_"))
 """The operations every store has (``url`` included), which ``ForwardingMailbox`` always defines."""
 
-OPTIONAL = {"get_sha256": HashingGet, "put_sha256": HashingPut, "get_stamped": StampedGet}
+OPTIONAL = {"get_hashed": HashingGet, "put_hashed": HashingPut, "get_stamped": StampedGet}
 """Each optional capability with the protocol callers probe it with; must name exactly
 ``OPTIONAL_CAPABILITIES``."""
 
@@ -87,12 +88,16 @@ def test_a_wrapped_store_keeps_each_capability_its_inner_has(mailbox: Mailbox) -
     mailbox.put("blobs/one", b"forwarded bytes")
     if isinstance(mailbox, HashingPut):
         assert isinstance(wrapped, HashingPut)
-        assert wrapped.put_sha256("blobs/two", b"two")[1] == hashlib.sha256(b"two").hexdigest()
+        assert wrapped.put_hashed("blobs/two", b"two", "sha256")[1] == hashlib.sha256(b"two").hexdigest()
         assert mailbox.get("blobs/two") == b"two"
     if isinstance(mailbox, HashingGet):
         assert isinstance(wrapped, HashingGet)
         expected = (b"forwarded bytes", hashlib.sha256(b"forwarded bytes").hexdigest())
-        assert wrapped.get_sha256("blobs/one", max_bytes=64) == mailbox.get_sha256("blobs/one", max_bytes=64) == expected
+        assert (
+            wrapped.get_hashed("blobs/one", "sha256", max_bytes=64)
+            == mailbox.get_hashed("blobs/one", "sha256", max_bytes=64)
+            == expected
+        )
     if isinstance(mailbox, StampedGet):
         assert wrapped.get_stamped("blobs/one", max_bytes=64) == mailbox.get_stamped("blobs/one", max_bytes=64)  # type: ignore[attr-defined]
     assert wrapped.get("blobs/one") == b"forwarded bytes" and wrapped.url == mailbox.url
@@ -128,7 +133,7 @@ class _Hashing(MemoryMailbox):
         super().__init__()
         self.hashed_gets = 0
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         self.hashed_gets += 1
         data = self.get(key, max_bytes=max_bytes)
         return data, hashlib.sha256(data).hexdigest()
@@ -149,7 +154,7 @@ def test_a_plain_wrapper_forwards_the_hashed_read_to_the_inner_store() -> None:
     inner.put("k", b"abc")
     wrapped = ForwardingMailbox(inner)
     assert isinstance(wrapped, HashingGet)
-    assert wrapped.get_sha256("k") == (b"abc", hashlib.sha256(b"abc").hexdigest()) and inner.hashed_gets == 1
+    assert wrapped.get_hashed("k", "sha256") == (b"abc", hashlib.sha256(b"abc").hexdigest()) and inner.hashed_gets == 1
 
 
 def test_a_wrapper_that_overrides_get_sees_hashed_reads_too() -> None:
@@ -158,7 +163,7 @@ def test_a_wrapper_that_overrides_get_sees_hashed_reads_too() -> None:
     inner.put("k", b"abc")
     wrapped = _CountingGets(inner)
     assert isinstance(wrapped, HashingGet)
-    assert wrapped.get_sha256("k", max_bytes=3) == (b"abc", hashlib.sha256(b"abc").hexdigest())
+    assert wrapped.get_hashed("k", "sha256", max_bytes=3) == (b"abc", hashlib.sha256(b"abc").hexdigest())
     assert wrapped.gets == 1 and inner.hashed_gets == 0
 
 
@@ -179,7 +184,7 @@ class _HashingWrites(MemoryMailbox):
         super().__init__()
         self.hashed_puts = 0
 
-    def put_sha256(self, key: str, data: bytes) -> tuple[str, str]:
+    def put_hashed(self, key: str, data: bytes, digest: DigestName) -> tuple[str, str]:
         self.hashed_puts += 1
         return self.put(key, data), hashlib.sha256(data).hexdigest()
 
@@ -188,20 +193,20 @@ def test_the_hashed_write_is_forwarded_and_a_wrapper_that_overrides_put_sees_it(
     inner = _HashingWrites()
     plain = ForwardingMailbox(inner)
     assert isinstance(plain, HashingPut)
-    assert plain.put_sha256("k", b"abc")[1] == hashlib.sha256(b"abc").hexdigest() and inner.hashed_puts == 1
+    assert plain.put_hashed("k", b"abc", "sha256")[1] == hashlib.sha256(b"abc").hexdigest() and inner.hashed_puts == 1
     counting = _CountingPuts(inner)
-    assert counting.put_sha256("k2", b"xyz")[1] == hashlib.sha256(b"xyz").hexdigest()
+    assert counting.put_hashed("k2", b"xyz", "sha256")[1] == hashlib.sha256(b"xyz").hexdigest()
     assert counting.puts == 1 and inner.hashed_puts == 1 and inner.get("k2") == b"xyz"
 
 
 def test_a_subclass_keeps_its_own_capability_and_a_plain_store_gets_none() -> None:
     class Own(ForwardingMailbox):
-        def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
             return b"", "own"
 
-    assert Own(_Hashing()).get_sha256("k") == (b"", "own")
+    assert Own(_Hashing()).get_hashed("k", "sha256") == (b"", "own")
     assert not isinstance(ForwardingMailbox(MemoryMailbox()), HashingGet)
-    assert not hasattr(ForwardingMailbox(MemoryMailbox()), "get_sha256")
+    assert not hasattr(ForwardingMailbox(MemoryMailbox()), "get_hashed")
 
 
 def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailbox: Mailbox) -> None:
@@ -219,13 +224,16 @@ def test_the_metered_wrapper_counts_every_request_by_operation_and_outcome(mailb
         metered.get("m/missing")
     assert metered.get("m/record") == b"second" and metered.list("m/") == ["m/record"]
     if isinstance(metered, HashingGet):
-        assert metered.get_sha256("m/record")[1] == hashlib.sha256(b"second").hexdigest()
+        assert metered.get_hashed("m/record", "sha256")[1] == hashlib.sha256(b"second").hexdigest()
     assert isinstance(metered, StampedGet) == isinstance(mailbox, StampedGet)
     if isinstance(metered, StampedGet):
         assert metered.get_stamped("m/record")[0] == b"second"
     assert isinstance(metered, HashingPut) == isinstance(mailbox, HashingPut)
     if isinstance(metered, HashingPut):
-        assert metered.put_sha256("m/blob", b"blob") == (metered.head("m/blob").token, hashlib.sha256(b"blob").hexdigest())  # type: ignore[union-attr]
+        assert metered.put_hashed("m/blob", b"blob", "sha256") == (
+            metered.head("m/blob").token,
+            hashlib.sha256(b"blob").hexdigest(),
+        )  # type: ignore[union-attr]
         metered.delete("m/blob")
     metered.delete("m/record")
     counts = {key: value for key, value in metered.counts.requests().items() if value}

@@ -12,10 +12,12 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 
 from gradientmail.backends import payload
+from gradientmail.digests import DIGESTS, DigestName, hex_digest
 from gradientmail.mailbox import FileMailbox, ForwardingMailbox, MemoryMailbox, S3Mailbox, S3Tuning
 from gradientmail.mailbox._s3_transfer import PartBody
 from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut
@@ -45,7 +47,8 @@ def test_between_cuts_the_concatenation_across_pieces_without_copying() -> None:
     (view,) = Gathered([source]).between(2, 5)
     source[3] = ord("x")
     assert bytes(view) == b"2x4"  # a view of the buffer, not a copy
-    assert gathered.sha256() == hashlib.sha256(whole).hexdigest()
+    assert gathered.hexdigest("sha256") == hashlib.sha256(whole).hexdigest()
+    assert gathered.hexdigest("blake3") == blake3.blake3(whole).hexdigest()
 
 
 def test_a_part_body_reads_sizes_and_seeks_as_a_file_and_rewinds_for_a_retry() -> None:
@@ -74,16 +77,18 @@ def test_a_part_body_reads_sizes_and_seeks_as_a_file_and_rewinds_for_a_retry() -
         [16, 1000, 3 * MiB],  # under the threshold: one PutObject, joined
     ],
 )
-def test_a_gathered_payload_lands_as_its_concatenation_with_its_sha256(
-    make_s3_mailbox: Callable[..., S3Mailbox], sizes: list[int]
+@pytest.mark.parametrize("digest", DIGESTS)
+def test_a_gathered_payload_lands_as_its_concatenation_with_its_digest(
+    make_s3_mailbox: Callable[..., S3Mailbox], sizes: list[int], digest: DigestName
 ) -> None:
     pieces = _pieces(sum(sizes), sizes)
     whole = b"".join(pieces)
     mailbox = make_s3_mailbox(tuning=SMALL_PARTS)
-    token, digest = mailbox.put_sha256("blobs/gathered", Gathered(pieces))
-    assert digest == hashlib.sha256(whole).hexdigest()
+    token, hexdigest = mailbox.put_hashed("blobs/gathered", Gathered(pieces), digest)
+    assert hexdigest == hex_digest(digest, whole)
     data, read_token = mailbox.get_versioned("blobs/gathered")
     assert data == whole and read_token == token
+    assert mailbox.get_hashed("blobs/gathered", digest) == (whole, hexdigest)
 
 
 @pytest.mark.s3
@@ -93,11 +98,11 @@ def test_a_gathered_upload_holds_no_copy_of_the_payload(make_s3_mailbox: Callabl
     arrays = {f"w{i}": np.random.default_rng(i).standard_normal(1_500_000).astype(np.float32) for i in range(6)}
     size = sum(a.nbytes for a in arrays.values())
     mailbox = make_s3_mailbox(tuning=SMALL_PARTS)
-    mailbox.put_sha256("warm", b"x" * (6 * MiB))  # the client, its pool and the conditional-write probe
+    mailbox.put_hashed("warm", b"x" * (6 * MiB), "sha256")  # the client, its pool and the conditional-write probe
     gc.collect()
     tracemalloc.start()
     try:
-        _, digest = mailbox.put_sha256("blobs/fragment", Gathered(payload.encode_pieces(arrays)))
+        _, digest = mailbox.put_hashed("blobs/fragment", Gathered(payload.encode_pieces(arrays)), "sha256")
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -116,7 +121,7 @@ def test_parts_refused_or_cut_off_are_sent_again_from_the_pieces(
         mailbox = make_s3_mailbox(endpoint_url=proxy.endpoint_url, tuning=SMALL_PARTS)
         mailbox.put("warm", b"w")
         proxy.configure(rate=0.3)
-        _, digest = mailbox.put_sha256("blobs/retried", Gathered(pieces))
+        _, digest = mailbox.put_hashed("blobs/retried", Gathered(pieces), "sha256")
         proxy.configure(rate=0.0)
         assert proxy.counts()["faults"] > 0
         assert digest == hashlib.sha256(whole).hexdigest() and mailbox.get("blobs/retried") == whole
@@ -130,19 +135,24 @@ def test_parts_refused_or_cut_off_are_sent_again_from_the_pieces(
         [],  # nothing at all
     ],
 )
-def test_the_directory_store_writes_a_gathered_payload_and_its_token_is_the_sha256(tmp_path: Path, sizes: list[int]) -> None:
+def test_the_directory_store_writes_a_gathered_payload_and_its_token_is_the_blake3(tmp_path: Path, sizes: list[int]) -> None:
+    """The token is the content's BLAKE3, so a BLAKE3 run's blob costs one hash; a sha256 run's
+    blob gets both digests from the same pass over the chunks written."""
     pieces = _pieces(len(sizes), sizes)
     whole = b"".join(pieces)
-    expected = hashlib.sha256(whole).hexdigest()
+    expected = blake3.blake3(whole).hexdigest()
+    sha256 = hashlib.sha256(whole).hexdigest()
     mailbox = FileMailbox(tmp_path)
     assert isinstance(mailbox, HashingPut) and isinstance(mailbox, HashingGet)
-    assert mailbox.put_sha256("blobs/gathered", Gathered(pieces)) == (expected, expected)
+    assert mailbox.put_hashed("blobs/gathered", Gathered(pieces), "blake3") == (expected, expected)
     assert (tmp_path / "blobs" / "gathered").read_bytes() == whole
-    assert mailbox.get_sha256("blobs/gathered") == (whole, expected)
+    assert mailbox.get_hashed("blobs/gathered", "blake3") == (whole, expected)
+    assert mailbox.get_hashed("blobs/gathered", "sha256") == (whole, sha256)
     assert mailbox.get_versioned("blobs/gathered")[1] == expected == mailbox.head("blobs/gathered").token  # type: ignore[union-attr]
-    assert mailbox.put_sha256("blobs/plain", whole) == (expected, expected)
+    assert mailbox.put_hashed("blobs/plain", whole, "sha256") == (expected, sha256)
+    assert mailbox.put_hashed("blobs/sha256", Gathered(pieces), "sha256") == (expected, sha256)
     assert mailbox.create("blobs/created", whole) == expected == mailbox.swap("blobs/plain", whole, expected)
-    assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == ["created", "gathered", "plain"]  # no temp file left
+    assert sorted(p.name for p in (tmp_path / "blobs").iterdir()) == ["created", "gathered", "plain", "sha256"]  # no temp file
 
 
 class _Recording(ForwardingMailbox):
@@ -156,7 +166,7 @@ class _Recording(ForwardingMailbox):
 
 
 class _HashingMemory(MemoryMailbox):
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
         whole = data.join() if isinstance(data, Gathered) else data
         return self.put(key, whole), hashlib.sha256(whole).hexdigest()
 
@@ -164,5 +174,5 @@ class _HashingMemory(MemoryMailbox):
 def test_a_wrapper_that_overrides_put_sees_the_gathered_payload_joined() -> None:
     recording = _Recording()
     pieces = [b"head", b"", b"body" * 100]
-    _, digest = recording.put_sha256("k", Gathered(pieces))  # type: ignore[attr-defined]
+    _, digest = recording.put_hashed("k", Gathered(pieces), "sha256")  # type: ignore[attr-defined]
     assert recording.seen == [b"".join(pieces)] and digest == hashlib.sha256(b"".join(pieces)).hexdigest()

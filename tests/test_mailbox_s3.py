@@ -14,11 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import blake3
 import boto3
 import numpy as np
 import pytest
 
 from gradientmail.errors import (
+    CorruptPayload,
     GradientMailError,
     InvalidConfig,
     KeyNotFound,
@@ -29,6 +31,8 @@ from gradientmail.errors import (
     VersionConflict,
 )
 from gradientmail.mailbox import MinioMailbox, S3Mailbox, S3Tuning, open_mailbox
+from gradientmail.records import PayloadRef
+from gradientmail.store.blobs import Blobs
 from tests.s3_faults import FaultInjector, GetObjectWire, LoseRequests, operation_of
 from tests.seaweedfs import S3Server
 
@@ -538,7 +542,7 @@ class _DamageOnePutBody:
 def test_a_blob_write_hashes_once_and_the_server_refuses_a_damaged_body(
     make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
 ) -> None:
-    """put_sha256 returns the payload's sha256 and sends it as the object's checksum: a body
+    """put_hashed returns the payload's sha256 and sends it as the object's checksum: a body
     damaged after signing is refused (BadDigest), nothing is stored, and the next try stores
     the right bytes. botocore hashes no body itself (no CRC32, no payload signing sha256)."""
     session = _session(s3_server)
@@ -550,7 +554,7 @@ def test_a_blob_write_hashes_once_and_the_server_refuses_a_damaged_body(
     mailbox = make_s3_mailbox(session=session)
     payload = _random_bytes(7, 2 * MiB)
     with pytest.raises(GradientMailError):
-        mailbox.put_sha256("blobs/one", payload)
+        mailbox.put_hashed("blobs/one", payload, "sha256")
     assert damage.damaged == 1 and mailbox.head("blobs/one") is None
     original_payload, original_crc = auth.S3SigV4Auth.payload, httpchecksum.Crc32Checksum.update
     signed: list[str] = []
@@ -566,8 +570,8 @@ def test_a_blob_write_hashes_once_and_the_server_refuses_a_damaged_body(
     auth.S3SigV4Auth.payload = payload_hash  # type: ignore[method-assign]
     httpchecksum.Crc32Checksum.update = crc  # type: ignore[method-assign]
     try:
-        token, digest = mailbox.put_sha256("blobs/one", payload)
-        data, read_digest = mailbox.get_sha256("blobs/one")
+        token, digest = mailbox.put_hashed("blobs/one", payload, "sha256")
+        data, read_digest = mailbox.get_hashed("blobs/one", "sha256")
     finally:
         auth.S3SigV4Auth.payload, httpchecksum.Crc32Checksum.update = original_payload, original_crc  # type: ignore[method-assign]
     assert digest == read_digest == hashlib.sha256(payload).hexdigest() and data == payload
@@ -579,3 +583,25 @@ def test_a_blob_write_hashes_once_and_the_server_refuses_a_damaged_body(
     with pytest.raises(GradientMailError):
         mailbox.create("records/one.json", b"{" + b" " * 2000 + b"}")
     assert damage.damaged == 1 and mailbox.head("records/one.json") is None
+
+
+def test_a_blake3_blob_is_sent_without_a_checksum_s3_cannot_check_and_its_reader_refuses_damage(
+    make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server
+) -> None:
+    """S3 knows no BLAKE3: a BLAKE3 run's single PutObject carries no content checksum (as every
+    multipart part), so a body damaged on the way is stored, and the reader's check against
+    the reference's digest refuses it (``Blobs.read``: CorruptPayload, never the damaged bytes)."""
+    session = _session(s3_server)
+    damage = _DamageOnePutBody(session.events)
+    sent: list[dict[str, Any]] = []
+    session.events.register("provide-client-params.s3.PutObject", lambda params, **_: sent.append(dict(params)))
+    mailbox = make_s3_mailbox(session=session)
+    payload = _random_bytes(8, 2 * MiB)
+    token, digest = mailbox.put_hashed("blobs/one", payload, "blake3")
+    assert damage.damaged == 1 and digest == blake3.blake3(payload).hexdigest()
+    assert not any(name.startswith("Checksum") for name in sent[-1]), sent[-1].keys()
+    blobs = Blobs(mailbox, "blake3")
+    with pytest.raises(CorruptPayload, match="checksum mismatch"):
+        blobs.read(PayloadRef.pinned("blobs/one", "blake3", digest, len(payload)))
+    good = blobs.put("blobs/two", payload)
+    assert good.blake3 == digest and good.sha256 is None and blobs.read(good) == payload

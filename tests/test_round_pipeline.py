@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gradientmail.backends import payload
+from gradientmail.digests import DigestName, hex_digest
 from gradientmail.errors import CorruptPayload, MailboxError, MailboxUnavailable
 from gradientmail.mailbox import ForwardingMailbox, Mailbox, MemoryMailbox
 from gradientmail.mailbox.base import HashingGet
@@ -34,17 +35,18 @@ def _no_run_key_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class Hashing(ForwardingMailbox):
-    """A store that hands over the sha256 with the bytes (``HashingGet``); ``lie`` replaces it."""
+    """A store that hands over the digest asked for with the bytes (``HashingGet``); ``lie``
+    replaces it."""
 
     def __init__(self, inner: Mailbox, lie: str | None = None) -> None:
         super().__init__(inner)
         self.lie = lie
         self.hashed_gets = 0
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         self.hashed_gets += 1
         data = self.inner.get(key, max_bytes=max_bytes)
-        return data, self.lie if self.lie is not None else hashlib.sha256(data).hexdigest()
+        return data, self.lie if self.lie is not None else hex_digest(digest, data)
 
 
 def _round(run: Run, extra: dict[str, Any] | None = None) -> None:
@@ -218,7 +220,8 @@ def test_committed_blobs_carry_the_digests_of_their_bytes() -> None:
     assert stored is not None
     for ref in (stored.record.params, stored.record.outer_state):
         data = run.store.mailbox.get(ref.key)
-        assert (hashlib.sha256(data).hexdigest(), len(data)) == (ref.sha256, ref.size_bytes)
+        assert (hex_digest(run.spec.blob_digest, data), len(data)) == (ref.hexdigest, ref.size_bytes)
+        assert ref.digest_name == run.spec.blob_digest == "blake3"  # a new run's
 
 
 def test_a_merge_that_overflows_is_retried_without_the_largest_delta():

@@ -321,15 +321,15 @@ class _Recording:
 
 @pytest.mark.s3
 @pytest.mark.parametrize("size", [0, 1, 5 * MiB - 1, 5 * MiB + 1, 16 * MiB + 3, 31 * MiB])
-def test_get_sha256_hashes_exactly_the_bytes_returned(make_s3_mailbox: Callable[..., S3Mailbox], size: int) -> None:
+def test_get_hashed_hashes_exactly_the_bytes_returned(make_s3_mailbox: Callable[..., S3Mailbox], size: int) -> None:
     mailbox = make_s3_mailbox(tuning=SMALL_PARTS)
     payload = _random_bytes(size + 7, size)
     mailbox.put("blob", payload)
-    assert mailbox.get_sha256("blob") == (payload, hashlib.sha256(payload).hexdigest())
-    assert mailbox.get_sha256("blob", max_bytes=size) == (payload, hashlib.sha256(payload).hexdigest())
+    assert mailbox.get_hashed("blob", "sha256") == (payload, hashlib.sha256(payload).hexdigest())
+    assert mailbox.get_hashed("blob", "sha256", max_bytes=size) == (payload, hashlib.sha256(payload).hexdigest())
     if size:
         with pytest.raises(ObjectTooLarge):
-            mailbox.get_sha256("blob", max_bytes=size - 1)
+            mailbox.get_hashed("blob", "sha256", max_bytes=size - 1)
 
 
 @pytest.mark.s3
@@ -361,7 +361,7 @@ def test_the_hash_is_fed_in_order_in_whole_parts(make_s3_mailbox: Callable[..., 
 
 
 @pytest.mark.s3
-def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
+def test_get_hashed_survives_bodies_cut_short_and_fails_cleanly_without_tries(
     make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server, truncating_proxy: FaultProxy
 ) -> None:
     writer = make_s3_mailbox(tuning=SMALL_PARTS)
@@ -371,7 +371,7 @@ def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
     reader.head("blob")
     truncating_proxy.max_faults = 3
     truncating_proxy.configure(rate=1.0)
-    assert reader.get_sha256("blob") == (payload, hashlib.sha256(payload).hexdigest())
+    assert reader.get_hashed("blob", "sha256") == (payload, hashlib.sha256(payload).hexdigest())
 
     tuning = S3Tuning(multipart_threshold_bytes=5 * MiB, part_size_bytes=5 * MiB, max_attempts=1)
     hopeless = make_s3_mailbox(writer.prefix, tuning=tuning, endpoint_url=truncating_proxy.endpoint_url)
@@ -382,7 +382,7 @@ def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
 
     def read() -> None:
         try:
-            hopeless.get_sha256("blob")
+            hopeless.get_hashed("blob", "sha256")
         except BaseException as exc:
             outcome.append(exc)
 
@@ -395,7 +395,7 @@ def test_get_sha256_survives_bodies_cut_short_and_fails_cleanly_without_tries(
 
 
 @pytest.mark.s3
-@pytest.mark.parametrize("read", ["get_versioned", "get_sha256"])
+@pytest.mark.parametrize("read", ["get_versioned", "get_hashed"])
 def test_a_download_restarted_on_a_replaced_object_returns_and_hashes_the_new_one_only(
     make_s3_mailbox: Callable[..., S3Mailbox], s3_server: S3Server, read: str
 ) -> None:
@@ -416,8 +416,8 @@ def test_a_download_restarted_on_a_replaced_object_returns_and_hashes_the_new_on
 
     session.events.register("provide-client-params.s3.GetObject", replace_once)
     fresh = make_s3_mailbox(mailbox.prefix, session=session, tuning=SMALL_PARTS)
-    if read == "get_sha256":
-        assert fresh.get_sha256("blob") == (new, hashlib.sha256(new).hexdigest())
+    if read == "get_hashed":
+        assert fresh.get_hashed("blob", "sha256") == (new, hashlib.sha256(new).hexdigest())
     else:
         data, token = fresh.get_versioned("blob")
         assert data == new

@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
-import hashlib
 import operator
-from typing import BinaryIO, SupportsIndex
+from typing import BinaryIO, Final, SupportsIndex
 
+from gradientmail.digests import DigestName, new_hasher
 from gradientmail.errors import ObjectTooLarge
 
-__all__ = ["as_max_bytes", "as_payload", "as_token", "content_token", "read_at_most", "stream_token", "too_large"]
+__all__ = [
+    "TOKEN_DIGEST",
+    "as_max_bytes",
+    "as_payload",
+    "as_token",
+    "content_token",
+    "read_at_most",
+    "stream_token",
+    "too_large",
+]
 
 _CHUNK_BYTES = 4 * 1024 * 1024
+
+TOKEN_DIGEST: Final[DigestName] = "blake3"
+"""The hash of the local stores' version tokens: BLAKE3, the digest of new runs' blobs, so a blob
+of such a run is hashed once for its token and its reference alike (``put_hashed``)."""
 
 
 def as_payload(data: bytes) -> bytes:
@@ -27,14 +40,18 @@ def as_payload(data: bytes) -> bytes:
 
 
 def content_token(data: bytes) -> str:
-    """Token of a payload: its SHA-256. Like an ETag, it changes whenever the bytes do and
-    cannot be reused by an unrelated write, unlike an inode number or a timestamp."""
-    return hashlib.sha256(data).hexdigest()
+    """Token of a payload: its :data:`TOKEN_DIGEST`. Like an ETag, it changes whenever the bytes
+    do and cannot be reused by an unrelated write, unlike an inode number or a timestamp. Tokens
+    never leave the process that read them (no record holds one), so a node computes and
+    compares its own."""
+    hasher = new_hasher(TOKEN_DIGEST)
+    hasher.update(data)
+    return hasher.hexdigest()
 
 
 def stream_token(stream: BinaryIO) -> tuple[int, str]:
     """Size and :func:`content_token` of everything left in ``stream``, read in chunks."""
-    digest = hashlib.sha256()
+    digest = new_hasher(TOKEN_DIGEST)
     size = 0
     while chunk := stream.read(_CHUNK_BYTES):
         digest.update(chunk)

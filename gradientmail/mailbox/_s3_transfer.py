@@ -31,8 +31,9 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Executor, Future, wait
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
+from gradientmail.digests import DigestName, Hasher
 from gradientmail.errors import MailboxUnavailable
 from gradientmail.mailbox._content import read_at_most
 from gradientmail.mailbox._s3_errors import error_code, http_status, stream_errors
@@ -42,7 +43,6 @@ __all__ = [
     "MAX_PARTS",
     "MIN_PART_BYTES",
     "Downloaded",
-    "Hasher",
     "TooLarge",
     "download",
     "run_all",
@@ -61,14 +61,6 @@ _READ_CHUNK_BYTES = 1024 * 1024
 mapping fresh pages each time, large enough to keep the calls few."""
 
 T = TypeVar("T")
-
-
-class Hasher(Protocol):
-    """What ``hashlib`` hashes offer: fed in order, asked for the hex digest once."""
-
-    def update(self, data: Any, /) -> None: ...
-
-    def hexdigest(self) -> str: ...
 
 
 class TooLarge(Exception):
@@ -123,24 +115,28 @@ def backoff(attempt: int) -> None:
 
 
 class PayloadDigest:
-    """The sha256 of one payload, taken once however many attempts upload it."""
+    """The digest ``name`` of one payload, taken once however many attempts upload it."""
 
-    def __init__(self, data: bytes | Gathered) -> None:
+    def __init__(self, data: bytes | Gathered, name: DigestName) -> None:
         self._data = data
+        self.name: DigestName = name
         self._digest: bytes | None = None
 
     def digest(self) -> bytes:
         if self._digest is None:
             data = self._data
-            self._digest = (data if isinstance(data, Gathered) else Gathered([data])).digest()
+            self._digest = (data if isinstance(data, Gathered) else Gathered([data])).digest(self.name)
         return self._digest
 
     def hex(self) -> str:
         return self.digest().hex()
 
-    def header(self) -> str:
-        """The digest as S3's ``ChecksumSHA256`` (base64)."""
-        return base64.b64encode(self.digest()).decode("ascii")
+    def checksum(self) -> dict[str, str]:
+        """The digest as the PutObject argument S3 checks the body against (``ChecksumSHA256``,
+        base64), or none for a digest S3 does not know (BLAKE3)."""
+        if self.name != "sha256":
+            return {}
+        return {"ChecksumSHA256": base64.b64encode(self.digest()).decode("ascii")}
 
 
 class PartBody:
@@ -204,7 +200,7 @@ def upload(
     ``digest``, a single PutObject sends it for the server to check, and a multipart upload
     takes it in this thread while the parts are sent when ``hash_parts``."""
     if len(data) <= threshold_bytes:
-        checksum = {"ChecksumSHA256": digest.header()} if digest is not None else {}
+        checksum = digest.checksum() if digest is not None else {}
         body = joined(data)
         response = client.put_object(Bucket=bucket, Key=key, Body=body, Metadata=metadata, **checksum, **conditions)
         return str(response["ETag"])

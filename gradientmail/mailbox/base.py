@@ -7,10 +7,11 @@ conformance suite; nothing above this layer knows which store it talks to.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
+
+from gradientmail.digests import DigestName, hex_digest, new_hasher
 
 __all__ = [
     "ForwardingMailbox",
@@ -66,17 +67,17 @@ class Gathered:
         """The payload as one ``bytes`` (one copy), for a store that cannot write pieces."""
         return b"".join(self._pieces)
 
-    def digest(self) -> bytes:
-        """The sha256 of the concatenation, fed piece by piece (hashlib releases the GIL: parts
-        sent meanwhile keep going)."""
-        hasher = hashlib.sha256()
+    def digest(self, name: DigestName) -> bytes:
+        """The digest ``name`` of the concatenation, fed piece by piece (both hashes release the
+        GIL: parts sent meanwhile keep going)."""
+        hasher = new_hasher(name)
         for piece in self._pieces:
             hasher.update(piece)
         return hasher.digest()
 
-    def sha256(self) -> str:
+    def hexdigest(self, name: DigestName) -> str:
         """:meth:`digest` in hex, as records name it."""
-        return self.digest().hex()
+        return self.digest(name).hex()
 
 
 def joined(data: bytes | Gathered) -> bytes:
@@ -200,13 +201,14 @@ class Mailbox(Protocol):
 @runtime_checkable
 class HashingGet(Protocol):
     """An optional capability of a store (checked with ``isinstance``): a read that also
-    returns the sha256 of the bytes it returns, computed while they arrive, so verifying a
-    blob costs no pass of its own after the download (the S3 store hashes each contiguous
-    stretch while later parts stream). Stores without it are read with :meth:`Mailbox.get`
-    and hashed afterwards; the caller compares the digest either way."""
+    returns a digest (``gradientmail.digests``: the one the blob's reference names) of the bytes
+    it returns, computed while they arrive, so verifying a blob costs no pass of its own after
+    the download (the S3 store hashes each contiguous stretch while later parts stream). Stores
+    without it are read with :meth:`Mailbox.get` and hashed afterwards; the caller compares the
+    digest either way."""
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        """:meth:`Mailbox.get` (same errors, same allowance), and the hex sha256 of exactly
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`Mailbox.get` (same errors, same allowance), and the hex ``digest`` of exactly
         the bytes returned."""
         ...
 
@@ -214,15 +216,17 @@ class HashingGet(Protocol):
 @runtime_checkable
 class HashingPut(Protocol):
     """An optional capability of a store (checked with ``isinstance``): a write that also
-    returns the sha256 of what it stored, taken in the store's one pass over the bytes, so a
-    blob's digest (its record's ``sha256``) costs no pass of its own. The S3 store
-    hands that digest to the server as the object's ``x-amz-checksum-sha256``, which refuses a
-    body that does not match (``BadDigest``), in place of botocore's own checksum and payload
-    signing passes, and writes a :class:`Gathered` payload straight from its pieces. Stores
-    without it are written with :meth:`Mailbox.put` (a gathered payload joined) and hashed apart."""
+    returns a digest (the run's ``blob_digest``) of what it stored, taken in the store's one pass
+    over the bytes, so a blob's digest (its reference's ``sha256`` or ``blake3``) costs no pass of
+    its own. The S3 store hands a sha256 to the server as the object's ``x-amz-checksum-sha256``,
+    which refuses a body that does not match (``BadDigest``), in place of botocore's own checksum
+    and payload signing passes (S3 knows no BLAKE3: such a body is guarded by TCP or TLS on the way,
+    as every multipart part is, and checked by every reader); it writes a :class:`Gathered`
+    payload straight from its pieces. Stores without it are written with :meth:`Mailbox.put` (a
+    gathered payload joined) and hashed apart."""
 
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
-        """:meth:`Mailbox.put` (same errors), and the hex sha256 of ``data``. A
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
+        """:meth:`Mailbox.put` (same errors), and the hex ``digest`` of ``data``. A
         :class:`Gathered` payload is stored as the concatenation of its pieces."""
         ...
 
@@ -241,9 +245,9 @@ class StampedGet(Protocol):
         ...
 
 
-OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_sha256", "put_sha256", "get_stamped")
+OPTIONAL_CAPABILITIES: tuple[str, ...] = ("get_hashed", "put_hashed", "get_stamped")
 """The operations some stores offer beyond :class:`Mailbox`, each with a protocol of its own that
-callers probe with ``isinstance`` (``get_sha256``: :class:`HashingGet`; ``put_sha256``:
+callers probe with ``isinstance`` (``get_hashed``: :class:`HashingGet`; ``put_hashed``:
 :class:`HashingPut`; ``get_stamped``: :class:`StampedGet`). :class:`ForwardingMailbox`
 forwards every one its inner store has, so a wrapper never silently loses a capability; a store
 that grows a new one adds it here (``tests/test_forwarding_mailbox.py`` checks every store)."""
@@ -258,8 +262,8 @@ class ForwardingMailbox:
     They are set on the instance, because Python 3.12 checks protocols with ``getattr_static``,
     which sees instance attributes but not ``__getattr__``. A subclass that defines one itself keeps
     its own. A subclass that overrides ``get`` has hashed reads go through its ``get`` and hashed
-    afterwards, so its metering or faults see every read; override ``get_sha256`` as well to keep
-    hashing while the bytes arrive. The same holds for ``put`` and ``put_sha256``, and for
+    afterwards, so its metering or faults see every read; override ``get_hashed`` as well to keep
+    hashing while the bytes arrive. The same holds for ``put`` and ``put_hashed``, and for
     ``get_versioned`` and ``get_stamped`` (read through the subclass's ``get_versioned``, such a
     read carries no stamp).
     """
@@ -267,20 +271,20 @@ class ForwardingMailbox:
     def __init__(self, inner: Mailbox) -> None:
         self.inner = inner
         forwarders = {
-            "get_sha256": self._forward_get_sha256,
-            "put_sha256": self._forward_put_sha256,
+            "get_hashed": self._forward_get_hashed,
+            "put_hashed": self._forward_put_hashed,
             "get_stamped": self._forward_get_stamped,
         }
         for name in OPTIONAL_CAPABILITIES:
             if hasattr(inner, name) and not hasattr(type(self), name):
                 setattr(self, name, forwarders[name])
 
-    def _forward_get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+    def _forward_get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         inner = self.inner
         if type(self).get is not ForwardingMailbox.get or not isinstance(inner, HashingGet):
             data = self.get(key, max_bytes=max_bytes)
-            return data, hashlib.sha256(data).hexdigest()
-        return inner.get_sha256(key, max_bytes=max_bytes)
+            return data, hex_digest(digest, data)
+        return inner.get_hashed(key, digest, max_bytes=max_bytes)
 
     def _forward_get_stamped(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, ObjectInfo]:
         inner = self.inner
@@ -289,12 +293,12 @@ class ForwardingMailbox:
             return data, ObjectInfo(size=len(data), token=token)
         return inner.get_stamped(key, max_bytes=max_bytes)
 
-    def _forward_put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
+    def _forward_put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
         inner = self.inner
         if type(self).put is not ForwardingMailbox.put or not isinstance(inner, HashingPut):
             whole = joined(data)
-            return self.put(key, whole), hashlib.sha256(whole).hexdigest()
-        return inner.put_sha256(key, data)
+            return self.put(key, whole), hex_digest(digest, whole)
+        return inner.put_hashed(key, data, digest)
 
     @property
     def url(self) -> str:

@@ -15,12 +15,13 @@ hard links) may use one directory at once:
   partial file (unlike ``O_EXCL`` followed by writing).
 * ``swap``, ``put`` and ``delete`` replace the key while holding its lock stripe
   (``flock``), so a compare-and-swap cannot interleave with another write.
-* Tokens are SHA-256 hashes of the content, so a token is never reused by an unrelated
-  write (an inode number or a timestamp could be). Because the token *is* the content's sha256,
-  this store offers ``put_sha256`` and ``get_sha256`` (``HashingPut``/``HashingGet``) at no
-  cost: a blob's digest is the token, and each byte is hashed once, in the same cache-sized
-  chunk that is written (a :class:`~gradientmail.mailbox.base.Gathered` payload straight from
-  its pieces, never joined).
+* Tokens are BLAKE3 hashes of the content (``_content.TOKEN_DIGEST``), so a token is never
+  reused by an unrelated write (an inode number or a timestamp could be). Because the token *is*
+  the content's BLAKE3, this store offers ``put_hashed`` and ``get_hashed``
+  (``HashingPut``/``HashingGet``) at no cost for a run whose blobs are pinned by BLAKE3: a blob's
+  digest is the token, and each byte is hashed once, in the same cache-sized chunk that is
+  written (a :class:`~gradientmail.mailbox.base.Gathered` payload straight from its pieces,
+  never joined). A sha256 run's blob is hashed by both in that chunk loop.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
+from gradientmail.digests import DigestName, check_digest_name, hex_digest, new_hasher
 from gradientmail.errors import (
     InvalidKey,
     KeyNotFound,
@@ -48,6 +50,7 @@ from gradientmail.errors import (
     VersionConflict,
 )
 from gradientmail.mailbox._content import (
+    TOKEN_DIGEST,
     as_max_bytes,
     as_payload,
     as_token,
@@ -141,10 +144,13 @@ class FileMailbox:
         stamp = status.st_mtime_ns / 1e9
         return data, ObjectInfo(len(data), content_token(data), modified_at=stamp, modified_resolution_s=MTIME_RESOLUTION_S)
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        """:meth:`get`, and the sha256 of the bytes returned (``HashingGet``): the token,
-        taken once."""
-        return self.get_versioned(key, max_bytes=max_bytes)
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get`, and the hex ``digest`` of the bytes returned (``HashingGet``): the token,
+        taken once, when it is the token's digest; else that digest alone (no token taken)."""
+        if check_digest_name(digest) == TOKEN_DIGEST:
+            return self.get_versioned(key, max_bytes=max_bytes)
+        data = self.get(key, max_bytes=max_bytes)
+        return data, hex_digest(digest, data)
 
     def head(self, key: str) -> ObjectInfo | None:
         path = self._path(key)
@@ -183,17 +189,20 @@ class FileMailbox:
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> str:
-        return self._put(key, as_payload(data))
+        return self._put(key, as_payload(data))[0]
 
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
-        """:meth:`put`, and the sha256 of ``data`` (``HashingPut``): the token, from the one pass
-        that writes it; a :class:`Gathered` payload is written out of its pieces."""
-        token = self._put(key, data if isinstance(data, Gathered) else as_payload(data))
-        return token, token
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
+        """:meth:`put`, and the hex ``digest`` of ``data`` (``HashingPut``): the token when it is
+        the token's digest, else hashed beside it; either way in the one pass that writes it. A
+        :class:`Gathered` payload is written out of its pieces."""
+        also = None if check_digest_name(digest) == TOKEN_DIGEST else digest
+        token, other = self._put(key, data if isinstance(data, Gathered) else as_payload(data), also)
+        return token, other or token
 
-    def _put(self, key: str, payload: bytes | Gathered) -> str:
+    def _put(self, key: str, payload: bytes | Gathered, also: DigestName | None = None) -> tuple[str, str]:
+        """Write ``payload`` at ``key``; its token and (``also``) its hex digest of that kind."""
         path = self._path(key)
-        temp, token = self._write_temp(path, payload, key)
+        temp, token, other = self._write_temp(path, payload, key, also)
         try:
             with self._locked(key):
                 os.replace(temp, path)
@@ -201,11 +210,11 @@ class FileMailbox:
             _unlink_quietly(temp)
             raise self._error(exc, "put", key) from exc
         self._sync_dir(path.parent, key)
-        return token
+        return token, other
 
     def create(self, key: str, data: bytes) -> str:
         path = self._path(key)
-        temp, token = self._write_temp(path, as_payload(data), key)
+        temp, token, _ = self._write_temp(path, as_payload(data), key)
         try:
             os.link(temp, path)
         except FileExistsError as exc:
@@ -226,7 +235,7 @@ class FileMailbox:
     def swap(self, key: str, data: bytes, expected_token: str) -> str:
         path = self._path(key)
         as_token(expected_token)
-        temp, token = self._write_temp(path, as_payload(data), key)
+        temp, token, _ = self._write_temp(path, as_payload(data), key)
         try:
             with self._locked(key):
                 with open(path, "rb") as stream:
@@ -262,9 +271,12 @@ class FileMailbox:
         validate_key(key)
         return self._root.joinpath(*key.split("/"))
 
-    def _write_temp(self, path: Path, payload: bytes | Gathered, key: str) -> tuple[str, str]:
-        """Write ``payload`` to a fresh temporary file beside ``path``; return its name and the
-        payload's token, hashed chunk by chunk just before each chunk is written."""
+    def _write_temp(
+        self, path: Path, payload: bytes | Gathered, key: str, also: DigestName | None = None
+    ) -> tuple[str, str, str]:
+        """Write ``payload`` to a fresh temporary file beside ``path``; return its name, the
+        payload's token and (``also``) its hex digest of that kind, else "": both hashed chunk by
+        chunk just before each chunk is written."""
         temp = f"{path}{_TEMP_MARK}{uuid.uuid4().hex}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -273,7 +285,7 @@ class FileMailbox:
             raise self._error(exc, "write", key) from exc
         try:
             try:
-                token = _write_hashed(fd, payload)
+                token, other = _write_hashed(fd, payload, also)
                 if self._fsync:
                     os.fsync(fd)
             finally:
@@ -281,7 +293,7 @@ class FileMailbox:
         except OSError as exc:
             _unlink_quietly(temp)
             raise self._error(exc, "write", key) from exc
-        return temp, token
+        return temp, token, other
 
     @contextmanager
     def _locked(self, key: str) -> Iterator[None]:
@@ -349,17 +361,21 @@ class FileMailbox:
         return MailboxUnavailable(f"{operation} {key!r} in {self.url} failed: {reason}")
 
 
-def _write_hashed(fd: int, payload: bytes | Gathered) -> str:
+def _write_hashed(fd: int, payload: bytes | Gathered, also: DigestName | None = None) -> tuple[str, str]:
     """Write ``payload`` to ``fd`` in chunks of :data:`WRITE_CHUNK_BYTES`, each hashed just before
-    it is written (still in cache); return the sha256 of it all, the payload's token."""
-    hasher = hashlib.sha256()
+    it is written (still in cache); return the payload's token (its :data:`TOKEN_DIGEST`) and,
+    with ``also``, its hex digest of that kind too, else ""."""
+    hasher = new_hasher(TOKEN_DIGEST)
+    other = new_hasher(also) if also is not None else None
     for piece in payload.pieces if isinstance(payload, Gathered) else (memoryview(payload),):
         for start in range(0, len(piece), WRITE_CHUNK_BYTES):
             chunk = piece[start : start + WRITE_CHUNK_BYTES]
             hasher.update(chunk)
+            if other is not None:
+                other.update(chunk)
             while chunk:  # a write to a file may be short
                 chunk = chunk[os.write(fd, chunk) :]
-    return hasher.hexdigest()
+    return hasher.hexdigest(), other.hexdigest() if other is not None else ""
 
 
 def _unlink_quietly(path: str) -> None:

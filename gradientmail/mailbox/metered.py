@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from gradientmail.digests import DigestName
 from gradientmail.errors import KeyNotFound, ObjectTooLarge, RecordExists, VersionConflict
 from gradientmail.mailbox.base import ForwardingMailbox, Gathered, HashingGet, HashingPut, Mailbox, ObjectInfo, StampedGet
 
@@ -24,7 +25,7 @@ __all__ = ["OPERATIONS", "MeteredMailbox", "RequestCounts"]
 T = TypeVar("T")
 
 OPERATIONS = ("get", "get_versioned", "head", "exists", "put", "create", "swap", "list", "delete")
-"""The operations counted (``get_sha256`` counts as ``get``, ``get_stamped`` as ``get_versioned``)."""
+"""The operations counted (``get_hashed`` counts as ``get``, ``get_stamped`` as ``get_versioned``)."""
 
 _OUTCOMES: tuple[tuple[type[BaseException], str], ...] = (
     (KeyNotFound, "not_found"),
@@ -70,17 +71,17 @@ class MeteredMailbox(ForwardingMailbox):
         if isinstance(inner, HashingGet):  # keep hashing while the bytes arrive, and count it as a get
             hashing = inner
 
-            def get_sha256(key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-                return self._metered("get", lambda: hashing.get_sha256(key, max_bytes=max_bytes))
+            def get_hashed(key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+                return self._metered("get", lambda: hashing.get_hashed(key, digest, max_bytes=max_bytes))
 
-            setattr(self, "get_sha256", get_sha256)  # noqa: B010 - an instance attribute, as ForwardingMailbox sets it
+            setattr(self, "get_hashed", get_hashed)  # noqa: B010 - an instance attribute, as ForwardingMailbox sets it
         if isinstance(inner, HashingPut):  # keep the store's one pass over the bytes, and count it as a put
             putting = inner
 
-            def put_sha256(key: str, data: bytes | Gathered) -> tuple[str, str]:
-                return self._metered("put", lambda: putting.put_sha256(key, data))
+            def put_hashed(key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
+                return self._metered("put", lambda: putting.put_hashed(key, data, digest))
 
-            setattr(self, "put_sha256", put_sha256)  # noqa: B010 - as above
+            setattr(self, "put_hashed", put_hashed)  # noqa: B010 - as above
         if isinstance(inner, StampedGet):  # the stamp comes with the read: count it as the read it is
             stamped = inner
 

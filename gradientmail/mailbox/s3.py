@@ -12,7 +12,7 @@ boto3 is imported on first use, so the package works without the ``s3`` extra.
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote, urlencode
 
+from gradientmail.digests import DigestName, Hasher, check_digest_name, new_hasher
 from gradientmail.errors import (
     InvalidConfig,
     KeyNotFound,
@@ -35,7 +36,6 @@ from gradientmail.errors import (
 from gradientmail.mailbox import _s3_transfer
 from gradientmail.mailbox._content import as_max_bytes, as_payload, as_token, too_large
 from gradientmail.mailbox._s3_errors import error_code, http_status, is_transport_error, translate
-from gradientmail.mailbox._s3_transfer import Hasher
 from gradientmail.mailbox.base import Gathered, ObjectInfo
 from gradientmail.mailbox.keys import is_valid_key, validate_key, validate_prefix
 
@@ -242,11 +242,11 @@ class S3Mailbox:
         info = ObjectInfo(len(found.data), found.etag, modified_at=found.modified_at, modified_resolution_s=1.0)
         return found.data, info
 
-    def get_sha256(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
-        """:meth:`get`, and the sha256 (hex) of the bytes returned, computed while they
+    def get_hashed(self, key: str, digest: DigestName, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """:meth:`get`, and the hex ``digest`` of the bytes returned, computed while they
         arrive (:class:`gradientmail.mailbox.base.HashingGet`): the parts are hashed in order
         as each stretch from the start completes, so the checksum ends with the download."""
-        found = self._download(key, max_bytes, hashlib.sha256)
+        found = self._download(key, max_bytes, functools.partial(new_hasher, check_digest_name(digest)))
         return found.data, found.digest
 
     def _download(self, key: str, max_bytes: int | None, hasher: Callable[[], Hasher] | None) -> _s3_transfer.Downloaded:
@@ -294,23 +294,24 @@ class S3Mailbox:
     # -- writes ------------------------------------------------------------------------
 
     def put(self, key: str, data: bytes) -> str:
-        return self._put(key, data, hashed=False)[0]
+        return self._put(key, data, None)[0]
 
-    def put_sha256(self, key: str, data: bytes | Gathered) -> tuple[str, str]:
-        """:meth:`put`, and the sha256 (hex) of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`;
-        a :class:`Gathered` payload's parts are sent out of its pieces, no joined copy),
-        the one hash of the upload: a single PutObject carries it as ``x-amz-checksum-sha256``,
-        which the server checks against the body it received (``BadDigest`` refuses a body
-        damaged on the way); a multipart upload hashes in this thread while its parts are sent
-        (S3 has no whole-object sha256 for parts: TLS, or TCP over http, guards them, and every
-        reader checks the record's sha256)."""
-        return self._put(key, data, hashed=True)
+    def put_hashed(self, key: str, data: bytes | Gathered, digest: DigestName) -> tuple[str, str]:
+        """:meth:`put`, and the hex ``digest`` of ``data`` (:class:`gradientmail.mailbox.base.HashingPut`;
+        a :class:`Gathered` payload's parts are sent out of its pieces, no joined copy), the one
+        hash of the upload. A single PutObject of a sha256 blob carries it as
+        ``x-amz-checksum-sha256``, which the server checks against the body it received
+        (``BadDigest`` refuses a body damaged on the way); S3 knows no BLAKE3, so a BLAKE3 blob's
+        body is guarded on the way as every multipart part is. A multipart upload hashes in this
+        thread while its parts are sent (S3 has no whole-object digest for parts: TLS, or TCP over
+        http, guards them, and every reader checks the reference's digest)."""
+        return self._put(key, data, check_digest_name(digest))
 
-    def _put(self, key: str, data: bytes | Gathered, *, hashed: bool) -> tuple[str, str]:
+    def _put(self, key: str, data: bytes | Gathered, digest: DigestName | None) -> tuple[str, str]:
         object_key = self._object_key(key)
         payload = data if isinstance(data, Gathered) else as_payload(data)
         try:
-            return self._write("PutObject", object_key, payload, {}, hashed=hashed)
+            return self._write("PutObject", object_key, payload, {}, hashed=digest)
         except _PreconditionFailed as exc:  # only a vanished multipart upload gets here
             raise MailboxUnavailable(f"S3 upload of s3://{self._bucket}/{object_key} vanished; retry") from exc
 
@@ -380,8 +381,8 @@ class S3Mailbox:
             s3_options["addressing_style"] = self._addressing_style
         # One hash per byte (docs/protocol.md, "Integrity"): botocore would hash every body again,
         # a CRC32 by default and, over http, the sha256 of SigV4 payload signing, and check a CRC
-        # of every download. Blobs carry our sha256 instead (put_sha256: checked by the server;
-        # get_sha256: checked against the record); headers stay signed.
+        # of every download. Blobs carry the run's digest instead (put_hashed: a sha256 checked by
+        # the server; get_hashed: checked against the record); headers stay signed.
         config = Config(
             retries={"total_max_attempts": tuning.max_attempts, "mode": "standard"},
             connect_timeout=tuning.connect_timeout_s,
@@ -430,18 +431,26 @@ class S3Mailbox:
             raise translate(exc, operation=operation, bucket=self._bucket, object_key=object_key, endpoint=self.endpoint) from exc
 
     def _write(
-        self, operation: str, object_key: str, payload: bytes | Gathered, conditions: dict[str, str], *, hashed: bool = False
+        self,
+        operation: str,
+        object_key: str,
+        payload: bytes | Gathered,
+        conditions: dict[str, str],
+        *,
+        hashed: DigestName | None = None,
     ) -> tuple[str, str]:
         """Upload under ``conditions`` with a fresh writer nonce; return the ETag and (``hashed``)
-        the payload's hex sha256, else "". Every single PutObject carries the payload's sha256
-        for the server to check (records included: a create-once record damaged on the way
-        must not be stored); a multipart upload takes it only when ``hashed``.
+        the payload's hex digest of that kind, else "". Every single PutObject of a record, or of
+        a sha256 blob, carries the payload's sha256 for the server to check (a create-once record
+        damaged on the way must not be stored); a multipart upload takes the digest only when
+        ``hashed``.
 
         Raises ``_PreconditionFailed`` when the store refused the condition (or lost the
         multipart upload) and the object there does not carry our nonce.
         """
         nonce = uuid.uuid4().hex
-        digest = _s3_transfer.PayloadDigest(payload)  # taken for a single PutObject, or when asked
+        # a record's, or a blob's by the digest asked for: taken for a single PutObject, or when asked
+        digest = _s3_transfer.PayloadDigest(payload, hashed or "sha256")
         for attempt in range(1, self._tuning.max_attempts + 1):
             with self._translating(operation, object_key):
                 try:
@@ -456,9 +465,9 @@ class S3Mailbox:
                         metadata={NONCE_METADATA: nonce},
                         conditions=conditions,
                         digest=digest,
-                        hash_parts=hashed,
+                        hash_parts=hashed is not None,
                     )
-                    return etag, digest.hex() if hashed else ""
+                    return etag, digest.hex() if hashed is not None else ""
                 except Exception as exc:
                     if not is_transport_error(exc) or not hasattr(exc, "response"):
                         raise
@@ -466,7 +475,7 @@ class S3Mailbox:
                     if code in ("PreconditionFailed", "NoSuchUpload") or status == 412:
                         landed = self._own_etag(object_key, nonce)
                         if landed is not None:  # our earlier attempt landed; its response was lost
-                            return landed, digest.hex() if hashed else ""
+                            return landed, digest.hex() if hashed is not None else ""
                         raise _PreconditionFailed(code) from exc
                     if code == "ConditionalRequestConflict" and attempt < self._tuning.max_attempts:
                         _s3_transfer.backoff(attempt)  # a concurrent conditional write; retry

@@ -19,10 +19,14 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
+    model_validator,
 )
 
+from gradientmail.digests import LEGACY_BLOB_DIGEST, DigestName
 from gradientmail.errors import InvalidRecord
 from gradientmail.records.ids import check_learner_id
 
@@ -58,10 +62,27 @@ def _check_hex256(value: str) -> str:
 
 
 Hex256 = Annotated[str, AfterValidator(_check_hex256)]
-"""A sha256 digest or an HMAC-SHA256, as records carry them."""
+"""A sha256 or BLAKE3 digest, or an HMAC-SHA256, as records carry them."""
 
 
-class Record(BaseModel):
+class OmitsAbsentFields(BaseModel):
+    """A model whose fields named in ``omitted_when_none`` leave the JSON when they are None, so
+    a field added after records were signed keeps every older record's canonical JSON (what its
+    MAC covers) byte for byte: an old record parses with the field None and dumps as it was."""
+
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _omit_absent(self, handler: SerializerFunctionWrapHandler) -> Any:
+        dumped = handler(self)
+        if isinstance(dumped, dict):
+            for name in self.omitted_when_none:
+                if name in dumped and dumped[name] is None:
+                    del dumped[name]
+        return dumped
+
+
+class Record(OmitsAbsentFields):
     """Base of every record: frozen, strict, versioned, optionally signed (``mac``)."""
 
     model_config = _STRICT
@@ -147,6 +168,7 @@ class Manifest(Record):
     """The run's identity: algorithm configuration, model signature and fragment plan."""
 
     record_type: ClassVar[str] = "manifest"
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"blob_digest"})
     run_id: str = Field(min_length=1, max_length=128)
     algorithm: dict[str, Any]
     """``DiLoCo.to_manifest()``, the merge as ``{"kind": …}``."""
@@ -162,6 +184,15 @@ class Manifest(Record):
     informative). None (runs from before it was recorded): 10 s."""
     retention: dict[str, Any] | None = None
     """``Retention.to_manifest()``: what the syncer keeps and collects; None: the defaults."""
+    blob_digest: DigestName | None = None
+    """The digest the run's writers pin blobs by (``gradientmail.digests``; new runs: BLAKE3).
+    None, and absent from the JSON (``omitted_when_none``): a run from before it was recorded,
+    whose blobs are pinned by sha256."""
+
+    @property
+    def blobs_pinned_by(self) -> DigestName:
+        """The digest the run's writers pin blobs by: ``blob_digest``, sha256 where it is None."""
+        return self.blob_digest or LEGACY_BLOB_DIGEST
 
     @field_validator("plan")
     @classmethod
@@ -182,19 +213,47 @@ PayloadEncoding = Literal["zstd-shuffle"]
 (``backends/lossless.py``, ``DiLoCo.payload_compression``)."""
 
 
-class PayloadRef(BaseModel):
-    """An immutable blob a record points at, with what is needed to verify it. ``sha256`` and
-    ``size_bytes`` are the raw blob's; with an ``encoding`` the object holds it compressed
-    (``stored_bytes`` long when written), and a reader checks the raw bytes it decodes."""
+class PayloadRef(OmitsAbsentFields):
+    """An immutable blob a record points at, with what is needed to verify it: its digest, in
+    exactly one of ``sha256`` and ``blake3`` (the run's ``Manifest.blob_digest`` when it was
+    written; a reader checks by the one the reference carries), and ``size_bytes``, both the raw
+    blob's; with an ``encoding`` the object holds it compressed (``stored_bytes`` long when
+    written), and a reader checks the raw bytes it decodes."""
 
     model_config = _STRICT
+    omitted_when_none: ClassVar[frozenset[str]] = frozenset({"sha256", "blake3"})
     key: str = Field(min_length=1, max_length=1024)
-    sha256: Hex256
+    sha256: Hex256 | None = None
+    blake3: Hex256 | None = None
     size_bytes: int = Field(ge=0, le=2**50)
     encoding: PayloadEncoding | None = None
     stored_bytes: int | None = Field(default=None, ge=0, le=2**50)
     """Bytes the writer stored under an ``encoding`` (what crossed the wire); information only:
     readers bound the object by the codec's worst case for ``size_bytes``."""
+
+    @model_validator(mode="after")
+    def _one_digest(self) -> PayloadRef:
+        if (self.sha256 is None) == (self.blake3 is None):
+            raise ValueError("a payload reference carries exactly one digest: sha256 or blake3")
+        return self
+
+    @classmethod
+    def pinned(cls, key: str, digest: DigestName, hexdigest: str, size_bytes: int, **fields: Any) -> PayloadRef:
+        """The reference to the blob at ``key`` whose ``digest`` is ``hexdigest``."""
+        pinned: dict[str, Any] = {digest: hexdigest}
+        return cls(key=key, size_bytes=size_bytes, **pinned, **fields)
+
+    @property
+    def digest_name(self) -> DigestName:
+        """The digest this reference pins its blob by."""
+        return "sha256" if self.sha256 is not None else "blake3"
+
+    @property
+    def hexdigest(self) -> str:
+        """The blob's digest (of ``digest_name``), hex."""
+        digest = self.sha256 if self.sha256 is not None else self.blake3
+        assert digest is not None  # _one_digest
+        return digest
 
     @property
     def wire_bytes(self) -> int:

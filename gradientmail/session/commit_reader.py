@@ -3,7 +3,7 @@
 With ``update_quantization`` (or ``update_sparsity``) every round record names a compact update
 from its base version's parameters; a learner that holds the parameters of a version rebuilds a
 newer one from the updates of the versions between, each step checked against that version's
-committed size and sha256 (``RunStore.rebuild_params``), when together they weigh less than the
+committed size and digest (``RunStore.rebuild_params``), when together they weigh less than the
 parameters. Anything that does not rebuild (a damaged update, one retention collected) falls back
 to the full parameters: the bytes aligned with are the committed ones either way (INV-16).
 """

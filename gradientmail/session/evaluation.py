@@ -1,7 +1,7 @@
 """A run's newest committed parameters loaded into a model without joining the run (``gm.align``).
 
 For evaluation and inference jobs beside a run: they read what the syncer committed, verified as a
-learner verifies it (records signed under the run key, blobs checked against their sha256), and
+learner verifies it (records signed under the run key, blobs checked against their digest), and
 write nothing: no lease, no contribution, no manifest. The model must match the run's parameters
 (names, shapes, dtypes, order), as a joining learner must::
 

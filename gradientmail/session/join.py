@@ -21,6 +21,7 @@ from gradientmail.algorithms.diloco import RUN_FIELDS, DiLoCo
 from gradientmail.algorithms.fragments import plan_fragments
 from gradientmail.algorithms.outer import OuterState
 from gradientmail.backends import Backend
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName
 from gradientmail.errors import (
     CorruptPayload,
     GradientMailError,
@@ -58,10 +59,20 @@ def model_signature(backend: Backend, model: Any) -> tuple[ParameterSpec, ...]:
 class RunProposal:
     """What this node would create the run with: the settings that are the run's, not one node's."""
 
-    def __init__(self, algorithm: DiLoCo, *, lease_ttl_s: float, retention: Retention | None = None) -> None:
+    def __init__(
+        self,
+        algorithm: DiLoCo,
+        *,
+        lease_ttl_s: float,
+        retention: Retention | None = None,
+        blob_digest: DigestName | None = DEFAULT_BLOB_DIGEST,
+    ) -> None:
         self.algorithm = algorithm
         self.lease_ttl_s = lease_ttl_s
         self.retention = retention or Retention()
+        self.blob_digest: DigestName | None = blob_digest
+        """What a run this node creates pins its blobs by (None: its manifest names none, as runs
+        from before ``blob_digest`` existed: sha256); a run that exists keeps its own."""
 
 
 def proposed_manifest(backend: Backend, model: Any, proposal: RunProposal, learner_id: str, key_id: str | None) -> Manifest:
@@ -77,6 +88,7 @@ def proposed_manifest(backend: Backend, model: Any, proposal: RunProposal, learn
         key_id=key_id,
         lease_ttl_s=proposal.lease_ttl_s,
         retention=proposal.retention.to_manifest(),
+        blob_digest=proposal.blob_digest,
     )
 
 

@@ -111,7 +111,7 @@ class StateFile:
 class StateInMailbox:
     """A learner's state in the run's mailbox (``state_dir="mailbox"``): a blob per save and a
     record naming the newest, written last, so a kill leaves the previous save named; in a
-    signed run the record is signed and pins the blob's sha256. Nothing in the bucket stops a
+    signed run the record is signed and pins the blob by its digest. Nothing in the bucket stops a
     learner: a state that does not read or verify is logged and the learner starts fresh.
     ``run()`` is the run's spec once joined: whether saves are compressed (its
     ``payload_compression``) and how many bytes a state may declare (``max_state_bytes`` of its

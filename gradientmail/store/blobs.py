@@ -1,10 +1,13 @@
-"""Blobs at their keys, verified: what a record references by size and sha256.
+"""Blobs at their keys, verified: what a record references by size and digest.
 
 Tensor payloads (contributions, committed parameters and outer state, compact updates) and
-learner states are blobs; a record pins each by ``PayloadRef`` (key, size, sha256, and the
-encoding of a compressed one). Nothing read is returned before its size and digest matched,
-and no more than the record says is fetched (INV-13); a store that hashes while it moves the
-bytes (``HashingGet``/``HashingPut``) hands the digest over instead of it being taken again.
+learner states are blobs; a record pins each by ``PayloadRef`` (key, size, digest, and the
+encoding of a compressed one). Blobs are written under the run's digest (``RunSpec.blob_digest``:
+BLAKE3 for new runs, sha256 for runs from before manifests named one) and read back checked by
+the digest their reference names, so both kinds of run stay readable. Nothing read is returned
+before its size and digest matched, and no more than the record says is fetched (INV-13); a
+store that hashes while it moves the bytes (``HashingGet``/``HashingPut``) hands the digest over
+instead of it being taken again.
 """
 
 from __future__ import annotations
@@ -16,27 +19,40 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gradientmail.backends import lossless, payload
+from gradientmail.digests import LEGACY_BLOB_DIGEST, DigestName, hex_digest
 from gradientmail.errors import CorruptPayload, IncompatiblePayload, KeyNotFound, ObjectTooLarge
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.records import PayloadRef
 from gradientmail.store.spec import TensorShape
 
-__all__ = ["Arrays", "Blobs", "check_tensors", "sha256_hex", "typesize"]
+__all__ = ["Arrays", "Blobs", "check_tensors", "pins", "sha256_hex", "typesize"]
 
 Arrays = dict[str, np.ndarray]
 """Named host arrays: what crosses the store's boundary in both directions."""
 
 
 def sha256_hex(data: bytes) -> str:
+    """The sha256 of a record's stored bytes (the chain's ``previous``, the head's pointer)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def pins(ref: PayloadRef, data: bytes) -> bool:
+    """Whether ``data`` is exactly the raw blob ``ref`` pins: its size and its digest."""
+    return len(data) == ref.size_bytes and hex_digest(ref.digest_name, data) == ref.hexdigest
 
 
 class Blobs:
     """One run's blobs in one mailbox (``RunStore.blobs``)."""
 
-    def __init__(self, mailbox: Mailbox) -> None:
+    def __init__(self, mailbox: Mailbox, digest: DigestName = LEGACY_BLOB_DIGEST) -> None:
         self._mailbox = mailbox
+        self.digest: DigestName = digest
+        """What new blobs are pinned by: the run's ``blob_digest``, which ``RunStore`` sets from the
+        manifest it reads or creates (sha256 until then, as a run that names none)."""
+
+    def _hex(self, data: bytes) -> str:
+        return hex_digest(self.digest, data)
 
     def write_tensors(
         self,
@@ -47,7 +63,7 @@ class Blobs:
         compress: bool = False,
     ) -> PayloadRef:
         """Put a blob of ``tensors``, its pieces gathered (no encoded copy where the store writes
-        pieces); with ``hashing``, its sha256 is taken there while it uploads; ``compress``: stored
+        pieces); with ``hashing``, its digest is taken there while it uploads; ``compress``: stored
         as zstd-shuffle frames, shuffled by the element size that holds most of the bytes."""
         pieces = Gathered(payload.encode_pieces(tensors))
         if not compress:
@@ -56,28 +72,28 @@ class Blobs:
 
     def put_compressed(self, key: str, raw: bytes, typesize: int, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
         """Put ``raw`` compressed (``backends/lossless.py``); the reference pins the raw bytes."""
-        digest = hashing.submit(sha256_hex, raw) if hashing is not None else None
+        digest = hashing.submit(self._hex, raw) if hashing is not None else None
         stored = lossless.compress(raw, typesize)
         self._mailbox.put(key, stored)
-        sha256 = digest.result() if digest is not None else sha256_hex(raw)
-        return PayloadRef(key=key, sha256=sha256, size_bytes=len(raw), encoding=lossless.ENCODING, stored_bytes=len(stored))
+        hexdigest = digest.result() if digest is not None else self._hex(raw)
+        return PayloadRef.pinned(key, self.digest, hexdigest, len(raw), encoding=lossless.ENCODING, stored_bytes=len(stored))
 
     def put(self, key: str, data: bytes | Gathered, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
-        """Put a blob and reference it by size and sha256. A store that hashes what it writes
+        """Put a blob and reference it by size and digest. A store that hashes what it writes
         (``HashingPut``) hands the digest over, and writes a gathered payload out of its pieces:
         the bytes are hashed once and never joined. Any other gets them joined and hashes them
         here, on ``hashing`` while the upload runs when given."""
         mailbox = self._mailbox
         if isinstance(mailbox, HashingPut):
-            _, sha256 = mailbox.put_sha256(key, data)
-            return PayloadRef(key=key, sha256=sha256, size_bytes=len(data))
+            _, hexdigest = mailbox.put_hashed(key, data, self.digest)
+            return PayloadRef.pinned(key, self.digest, hexdigest, len(data))
         data = joined(data)
-        digest = hashing.submit(sha256_hex, data) if hashing is not None else None
+        digest = hashing.submit(self._hex, data) if hashing is not None else None
         try:
             self._mailbox.put(key, data)
         finally:
-            sha256 = digest.result() if digest is not None else sha256_hex(data)
-        return PayloadRef(key=key, sha256=sha256, size_bytes=len(data))
+            hexdigest = digest.result() if digest is not None else self._hex(data)
+        return PayloadRef.pinned(key, self.digest, hexdigest, len(data))
 
     def read(self, ref: PayloadRef) -> bytes:
         """A referenced blob's bytes, after checking its size and checksum (``CorruptPayload``).
@@ -89,7 +105,7 @@ class Blobs:
             return self._read_compressed(ref)
         try:
             if isinstance(mailbox, HashingGet):
-                data, digest = mailbox.get_sha256(ref.key, max_bytes=ref.size_bytes)
+                data, digest = mailbox.get_hashed(ref.key, ref.digest_name, max_bytes=ref.size_bytes)
             else:
                 data = mailbox.get(ref.key, max_bytes=ref.size_bytes)
                 digest = None
@@ -97,13 +113,13 @@ class Blobs:
             raise CorruptPayload(f"{ref.key}: larger than the {ref.size_bytes} bytes its record says ({exc})") from None
         if len(data) != ref.size_bytes:
             raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
-        if (digest if digest is not None else sha256_hex(data)) != ref.sha256:
+        if (digest if digest is not None else hex_digest(ref.digest_name, data)) != ref.hexdigest:
             raise CorruptPayload(f"{ref.key}: checksum mismatch")
         return data
 
     def _read_compressed(self, ref: PayloadRef) -> bytes:
         """A compressed blob's raw bytes: no more fetched than the codec's worst case for the
-        declared size, no frame decoded past it (INV-13), the raw bytes checked by sha256."""
+        declared size, no frame decoded past it (INV-13), the raw bytes checked by their digest."""
         bound = lossless.stored_bound(ref.size_bytes)
         try:
             stored = self._mailbox.get(ref.key, max_bytes=bound)
@@ -113,7 +129,7 @@ class Blobs:
             data = lossless.decompress(stored, ref.size_bytes)
         except lossless.LosslessError as exc:
             raise CorruptPayload(f"{ref.key}: {exc}") from None
-        if sha256_hex(data) != ref.sha256:
+        if hex_digest(ref.digest_name, data) != ref.hexdigest:
             raise CorruptPayload(f"{ref.key}: checksum mismatch")
         return data
 
@@ -127,8 +143,8 @@ class Blobs:
 
     def restore(self, ref: PayloadRef, data: bytes) -> None:
         """Write ``data`` back at ``ref.key`` if it is exactly the bytes ``ref`` pins (size and
-        sha256); ``CorruptPayload`` otherwise, and nothing is written."""
-        if len(data) != ref.size_bytes or sha256_hex(data) != ref.sha256:
+        digest); ``CorruptPayload`` otherwise, and nothing is written."""
+        if not pins(ref, data):
             raise CorruptPayload(f"{ref.key}: the recomputed bytes differ from those its record pins")
         # the record pins the raw bytes: any compressor's frames of them read back the same
         self._mailbox.put(ref.key, data if ref.encoding is None else lossless.compress(data, 4))

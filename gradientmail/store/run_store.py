@@ -50,7 +50,7 @@ from gradientmail.records import (
 )
 from gradientmail.records.auth import RunKey
 from gradientmail.store.barrier_records import BarrierRecords
-from gradientmail.store.blobs import Arrays, Blobs, check_tensors, sha256_hex, typesize
+from gradientmail.store.blobs import Arrays, Blobs, check_tensors, pins, sha256_hex, typesize
 from gradientmail.store.cas import CasRecords
 from gradientmail.store.lease_records import LeaseRead, LeaseRecords
 from gradientmail.store.queue_records import QueueRecords
@@ -215,12 +215,17 @@ class RunStore:
         say which key a run wants when ours does not verify it); never act on such a read."""
         try:
             if verify:
-                return self._io.read(Manifest, keys.MANIFEST)[0]
+                return self._adopt(self._io.read(Manifest, keys.MANIFEST)[0])
             return Manifest.from_json(self._mailbox.get(keys.MANIFEST, max_bytes=Manifest.max_bytes))
         except KeyNotFound:
             return None
         except ObjectTooLarge as exc:
             raise InvalidRecord(f"manifest: {exc}") from None
+
+    def _adopt(self, manifest: Manifest) -> Manifest:
+        """Write blobs from now on under the digest the run's (verified) manifest names."""
+        self.blobs.digest = manifest.blobs_pinned_by
+        return manifest
 
     def read_spec(self) -> RunSpec:
         """The run's view of itself. Raises ``GradientMailError`` when there is no run here."""
@@ -233,6 +238,7 @@ class RunStore:
         """Create the manifest once; False when another node created the run first."""
         try:
             self._mailbox.create(keys.MANIFEST, self._io.encode(keys.MANIFEST, manifest))
+            self._adopt(manifest)
             return True
         except RecordExists:
             return False
@@ -351,7 +357,7 @@ class RunStore:
         and its compact update: what a learner one version behind fetches instead of them.
 
         Raises ``CorruptPayload``/``IncompatiblePayload`` when the update does not decode, or the
-        rebuilt parameters do not encode to the committed blob's exact size and sha256 (a wrong
+        rebuilt parameters do not encode to the committed blob's exact size and digest (a wrong
         base, a damaged update): the caller then reads the full parameters.
         """
         codec = spec.algorithm.update_codec
@@ -361,7 +367,7 @@ class RunStore:
         params = {name: apply_update(np.asarray(base[name]), update, codec) for name, update in parts.items()}
         check_tensors(params, spec.param_specs(record.fragment), record.update.key)
         rebuilt = payload.encode(params)
-        if len(rebuilt) != record.params.size_bytes or sha256_hex(rebuilt) != record.params.sha256:
+        if not pins(record.params, rebuilt):
             raise CorruptPayload(
                 f"fragment {record.fragment} version {record.version}: the parameters rebuilt from its update "
                 "differ from the committed ones"
@@ -381,7 +387,7 @@ class RunStore:
         attempt = uuid.uuid4().hex[:12]
         # Each blob is hashed while it uploads (issue 13); one after the other, so no more than
         # one encoded blob is held at a time (writing both at once measured no faster on loopback).
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-sha256") as hashing:
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-digest") as hashing:
             params_ref = self.blobs.write_tensors(
                 keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing, compress=draft.compress
             )

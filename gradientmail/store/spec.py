@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends.payload import numpy_dtype
+from gradientmail.digests import DigestName
 from gradientmail.records import Manifest, ParameterSpec
 from gradientmail.store.retention import Retention
 
@@ -43,6 +44,8 @@ class RunSpec:
     retention: Retention
     lease_ttl_s: float
     """Every node judges every lease by this TTL (the manifest's), never by the lease's own."""
+    blob_digest: DigestName
+    """The digest this run's writers pin blobs by: the manifest's, sha256 where it names none."""
 
     @classmethod
     def from_manifest(cls, manifest: Manifest) -> RunSpec:
@@ -53,6 +56,7 @@ class RunSpec:
             parameters={p.name: p for p in manifest.parameters},
             retention=Retention.from_manifest(manifest.retention) if manifest.retention is not None else Retention(),
             lease_ttl_s=manifest.lease_ttl_s if manifest.lease_ttl_s is not None else DEFAULT_LEASE_TTL_S,
+            blob_digest=manifest.blobs_pinned_by,
         )
 
     @property

@@ -3,7 +3,7 @@
 A save is a blob under a key of its own, then the record that names it (so a kill in between
 leaves the previous save whole), then the learner's older saves deleted. A read checks the
 record (signed in a signed run, the learner's, naming a blob of the learner's own prefix, of no
-more bytes than ``max_state_bytes`` allows for the run's model) and the blob (size, sha256)
+more bytes than ``max_state_bytes`` allows for the run's model) and the blob (size, digest)
 before anything is fetched past that bound or unpickled.
 
 The record is rewritten at every save, so a bucket writer can put an older one back (and its

@@ -1,6 +1,6 @@
 """What this node's own learner published, handed to its syncer in memory.
 
-A node that trains and holds the election would otherwise read back (GET, sha256, decode) the
+A node that trains and holds the election would otherwise read back (GET, digest, decode) the
 contribution its own learner just wrote. The learner's thread hands it over instead
 (``SyncerRuntime.contribution_published``); the round that examines it takes it (its record
 is still checked as any other's, ``rounds.fetch_contribution``). Bounded: at most

@@ -1,7 +1,7 @@
 """Fetching a round's contributions ahead of the one being checked, in the order listed.
 
 The syncer checks contributions one at a time (finite, norm, duplicates: the outcomes, and
-their order, are those of one at a time), but a contribution's fetch (record, payload, sha256,
+their order, are those of one at a time), but a contribution's fetch (record, payload, digest,
 decode) is mostly waiting on the mailbox. ``fetched_in_order`` keeps ``depth`` fetches running
 on threads of their own while the caller checks the one before, and never more: the syncer
 holds at most ``depth`` payloads beyond the ones it accepted.

@@ -3,7 +3,7 @@
 A version's parameters and outer state are a pure function of the version before and the
 contributions its record lists (INV-4), and retention keeps both for the newest
 ``audit_rounds`` rounds. So a syncer that loads a version whose blob is gone recomputes it,
-checks it against the sha256 and size the record pins, and writes the same bytes back at the
+checks it against the digest and size the record pins, and writes the same bytes back at the
 same key (INV-21): nothing committed is lost, and nothing but the committed bytes can be
 written there (they are checked before the write). The compact update blob is not restored:
 learners without it read the full parameters.

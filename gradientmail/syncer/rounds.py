@@ -15,7 +15,7 @@ checks finiteness and measures the norm; the per-tensor norms travel in
 :attr:`Accepted.tensor_norms` to ``merge_round``, so RDA combines the deltas in one more pass,
 and its final scale is folded into the outer step's single pass (a ``MergedDelta``). A replay
 runs exactly the same functions on the same inputs, hence the same bytes. ``validate`` is
-``fetch_contribution`` (record, payload, size and sha256, decode: mailbox reads only, safe on
+``fetch_contribution`` (record, payload, size and digest, decode: mailbox reads only, safe on
 another thread) then ``check_fetched`` (the backend's passes); the syncer runs the first half
 of the next contributions ahead while it checks the current one, in the listed order.
 
@@ -134,7 +134,7 @@ NormLimit = Callable[[int], "float | None"]
 @dataclass
 class Fetched:
     """A contribution whose record checked out and whose payload was fetched, verified against
-    the record's size and sha256, decoded, and matched to the run's names, shapes and dtypes;
+    the record's size and digest, decoded, and matched to the run's names, shapes and dtypes;
     not yet checked for finiteness nor measured."""
 
     key: keys.ContributionKey
@@ -147,7 +147,7 @@ class Fetched:
 @dataclass(frozen=True)
 class Handed:
     """A contribution this node's own learner published, handed to its syncer in memory: the
-    record it created and the arrays it encoded into the payload (whose sha256 the record
+    record it created and the arrays it encoded into the payload (whose digest the record
     pins). The syncer takes them instead of reading both back: the same record, the same bytes."""
 
     key: keys.ContributionKey

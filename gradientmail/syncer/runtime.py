@@ -93,7 +93,7 @@ __all__ = ["RoundView", "SyncerRuntime"]
 log = logging.getLogger(__name__)
 
 PREFETCH = 2
-"""Contributions fetched (record, payload, sha256, decode) at once, ahead of the one being
+"""Contributions fetched (record, payload, digest, decode) at once, ahead of the one being
 checked: enough to keep the transfers going while the syncer checks one, and bounded, so the
 syncer holds at most this many payloads beyond the ones it accepted."""
 STALE_DELETES_PER_COMMIT = 64
@@ -443,7 +443,7 @@ class SyncerRuntime:
 
     def _collect(self, rounds: FragmentRounds, view: FragmentView) -> None:
         """Accept or reject each new contribution, in the order listed. The fetches (record,
-        payload, sha256, decode) run up to ``PREFETCH`` ahead on threads of their own while the
+        payload, digest, decode) run up to ``PREFETCH`` ahead on threads of their own while the
         calling thread checks the one before (finite, norm, duplicates): the outcomes, and their
         order, are those of one contribution at a time."""
         current, read = view.round, _reader(self.store, rounds.fragment)
