@@ -55,7 +55,8 @@ def test_a_learner_killed_mid_run_resumes_from_its_last_save_with_its_optimizer_
             first.kill()
     reached = max(e["total_steps"] for e in events(tmp_path / "first.log") if e["event"] == "step")
     saved = torch.load(state_dir / "gpu-0.state", weights_only=True)
-    assert reached - SAVE_EVERY <= saved["total_steps"] <= reached and saved["total_steps"] % SAVE_EVERY == 0
+    # the kill may land after a step's save and before that step's line is printed: reached + 1
+    assert reached - SAVE_EVERY <= saved["total_steps"] <= reached + 1 and saved["total_steps"] % SAVE_EVERY == 0
     model = torch.nn.Linear(8, 4)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     optimizer.load_state_dict(saved["objects"][0])
