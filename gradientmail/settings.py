@@ -31,6 +31,7 @@ from gradientmail.algorithms.fragments import FragmentLayout
 from gradientmail.algorithms.merge import IsoC, Merge, MergeArithmetic, Rda, WeightedMean
 from gradientmail.algorithms.outer import MomentumRule
 from gradientmail.backends.quantize import QuantFormat
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName
 from gradientmail.errors import InvalidConfig
 from gradientmail.mailbox import Mailbox, open_mailbox
 from gradientmail.records import default_learner_id
@@ -172,6 +173,8 @@ class NodeSettings(BaseSettings):
     """Retention of a new run: every version divisible by this is a checkpoint."""
     keep_checkpoints: int = _RETENTION["keep_checkpoints"].default
     """Retention of a new run: newest checkpoints kept beyond the newest versions."""
+    blob_digest: DigestName = DEFAULT_BLOB_DIGEST
+    """What a new run pins its blobs by: ``blake3`` or ``sha256`` (docs/protocol.md, "Integrity"). Run-wide."""
 
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (off when unset). OTLP export is configured by
@@ -306,6 +309,7 @@ class NodeSettings(BaseSettings):
             options=self.session_options(),
             run_key=self.key(),
             retention=self.retention(),
+            blob_digest=self.blob_digest,
         )
 
     def syncer_node(self) -> SyncerNode:

@@ -153,7 +153,9 @@ class Sim:
         rng = None if phase_seed is None else random.Random(phase_seed)
         for i in range(k):
             box = CountingMailbox(shared)
-            node = Node(f"l{i}", box, RunStore(box))  # type: ignore[arg-type]
+            store = RunStore(box)  # type: ignore[arg-type]
+            store.read_spec()  # as a node joining the run: its blobs go under the run's digest
+            node = Node(f"l{i}", box, store)
             if layout == "spread":
                 node.lease_info = lambda: {"step": 0, "step_time_s": 0.0, "closes": True}
             node.loops = NodeLoops(

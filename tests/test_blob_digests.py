@@ -15,7 +15,7 @@ import gradientmail as gm
 from gradientmail.audit import audit_run
 from gradientmail.backends import payload
 from gradientmail.digests import DIGESTS, DigestName, hex_digest
-from gradientmail.errors import CorruptPayload
+from gradientmail.errors import CorruptPayload, GradientMailError
 from gradientmail.mailbox import FileMailbox, MemoryMailbox
 from gradientmail.records import Contribution, Manifest, PayloadRef
 from gradientmail.records.auth import RunKey
@@ -105,3 +105,38 @@ def test_a_store_writes_under_the_digest_of_the_manifest_it_read() -> None:
     new = create_run(MemoryMailbox())
     assert new.store.blobs.put("blobs/y", b"abc") == PayloadRef.pinned("blobs/y", "blake3", blake3.blake3(b"abc").hexdigest(), 3)
     assert np.array_equal(new.params(0)["mlp.bias"], old.params(0)["mlp.bias"])  # the same model either way
+
+
+def test_a_store_that_has_not_read_the_manifest_writes_no_blob() -> None:
+    """The writer's digest is the run's: a store that neither read nor created the manifest
+    does not guess one (it would pin blobs by sha256 in a BLAKE3 run)."""
+    run = create_run(MemoryMailbox())
+    stranger = RunStore(run.store.mailbox)
+    with pytest.raises(GradientMailError, match="blob digest is not known yet"):
+        stranger.blobs.put("blobs/x", b"payload")
+    assert not run.store.mailbox.exists("blobs/x")
+    stranger.read_spec()
+    assert stranger.blobs.put("blobs/x", b"payload").digest_name == "blake3"
+
+
+def test_a_session_names_the_digest_of_the_run_it_creates_and_a_joiner_keeps_the_runs(monkeypatch) -> None:
+    """``gm.Session(blob_digest=...)`` and ``GRADIENTMAIL_BLOB_DIGEST`` choose a new run's digest;
+    a learner that joins writes by the run's, whatever it names; an unknown name is refused."""
+    from gradientmail.settings import NodeSettings
+
+    mailbox = MemoryMailbox()
+    model = {"w": np.zeros(8, np.float32)}
+    with gm.Session(dict(model), mailbox=mailbox, learner_id="a", blob_digest="sha256") as first:
+        first.step()
+    with gm.Session(dict(model), mailbox=mailbox, learner_id="b", blob_digest="blake3") as joiner:
+        joiner.step()
+    store = RunStore(mailbox)
+    assert store.read_spec().blob_digest == "sha256" == store.blobs.digest
+    with pytest.raises(gm.InvalidConfig, match="blob_digest.*unknown blob digest 'md5'"):
+        gm.Session(dict(model), mailbox=MemoryMailbox(), blob_digest="md5")
+    monkeypatch.setenv("GRADIENTMAIL_MAILBOX", "memory://")
+    monkeypatch.setenv("GRADIENTMAIL_BLOB_DIGEST", "sha256")
+    assert NodeSettings.from_env().session(dict(model)).blob_digest == "sha256"
+    monkeypatch.setenv("GRADIENTMAIL_BLOB_DIGEST", "md5")
+    with pytest.raises(gm.InvalidConfig, match="blob_digest: Input should be 'sha256' or 'blake3'"):
+        NodeSettings.from_env()

@@ -4,7 +4,6 @@ optimizer's moments, the schedule and the random generators it saved."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 import subprocess
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 import gradientmail as gm
+from gradientmail.digests import hex_digest
 from gradientmail.mailbox import FileMailbox
 from gradientmail.records import keys
 from gradientmail.session.resume import LearnerState, StateFile, StateInMailbox
@@ -249,7 +249,7 @@ def test_a_state_record_declaring_more_than_the_run_allows_is_refused_before_any
 
 
 def test_a_state_blob_that_is_not_a_state_starts_the_learner_fresh_but_a_local_file_is_an_error(tmp_path, caplog):
-    """A blob whose record pins it (right size and sha256) but which is not a learner state
+    """A blob whose record pins it (right size and digest) but which is not a learner state
     (an unsigned run's writer put both) is ignored with a warning; the same bytes in the
     learner's own ``state_dir`` file stop it with an ``InvalidConfig`` naming the file."""
     box = FileMailbox(tmp_path / "box")
@@ -258,7 +258,7 @@ def test_a_state_blob_that_is_not_a_state_starts_the_learner_fresh_but_a_local_f
     junk = b"not a torch archive" * 10
     blob = keys.learner_state_blob("a", 20, "0badc0de")
     box.put(blob, junk)
-    _forged_state(box, "a", key=blob, size_bytes=len(junk), sha256=hashlib.sha256(junk).hexdigest())
+    _forged_state(box, "a", key=blob, size_bytes=len(junk), blake3=hex_digest("blake3", junk))  # no run: a new run's digest
     with caplog.at_level("WARNING"):
         assert state.load("r") is None
     assert "ignoring the saved state of a: the mailbox" in caplog.text

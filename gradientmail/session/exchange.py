@@ -338,6 +338,7 @@ class Exchange:
             publication.counts,
             first_sequence=self._next_sequence,
             compress=self._spec.algorithm.payload_compression == "zstd",
+            digest=self._spec.blob_digest,
             saved_state=self._saved_state(),
         )
         self._next_sequence = published.key.sequence + 1

@@ -181,7 +181,7 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
                 {n: backend.to_numpy(t) for n, t in params.items()},
                 {n: backend.to_numpy(t) for n, t in state.items()},
             )
-            store.commit_version(initial, committed_by=learner_id, term=0)
+            store.commit_version(initial, committed_by=learner_id, term=0, digest=spec.blob_digest)
     return spec, created
 
 

@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from gradientmail.digests import DEFAULT_BLOB_DIGEST
 from gradientmail.errors import GradientMailError, InvalidConfig
 from gradientmail.records import SavedState, keys
 from gradientmail.store import RunSpec, RunStore, max_state_bytes, newest_resume_point
@@ -114,8 +115,9 @@ class StateInMailbox:
     signed run the record is signed and pins the blob by its digest. Nothing in the bucket stops a
     learner: a state that does not read or verify is logged and the learner starts fresh.
     ``run()`` is the run's spec once joined: whether saves are compressed (its
-    ``payload_compression``) and how many bytes a state may declare (``max_state_bytes`` of its
-    model; without a run, the slack alone)."""
+    ``payload_compression``), what they are pinned by (its ``blob_digest``; without a run, a new
+    run's) and how many bytes a state may declare (``max_state_bytes`` of its model; without a
+    run, the slack alone)."""
 
     def __init__(self, store: RunStore, learner_id: str, run: Callable[[], RunSpec | None] = lambda: None) -> None:
         if _torch() is None:
@@ -155,7 +157,10 @@ class StateInMailbox:
             )
         compress = spec is not None and spec.algorithm.payload_compression == "zstd"
         before = self.newest.state.key if self.newest is not None else None  # what contributions name until the next
-        self.newest = self._store.states.save(self._learner, run_id, total_steps, data, compress=compress, keep=before)
+        digest = spec.blob_digest if spec is not None else DEFAULT_BLOB_DIGEST  # no run yet: a new run's
+        self.newest = self._store.states.save(
+            self._learner, run_id, total_steps, data, digest=digest, compress=compress, keep=before
+        )
 
     def read(self) -> bytes | None:
         spec = self._spec()

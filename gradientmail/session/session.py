@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from gradientmail.algorithms import schedule
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import Backend, backend_for, get_backend
+from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName, check_digest_name
 from gradientmail.errors import InvalidConfig, InvalidKey
 from gradientmail.mailbox import Mailbox, MeteredMailbox, RequestCounts, open_mailbox
 from gradientmail.records import check_learner_id, default_learner_id
@@ -155,7 +156,8 @@ class Session:
     every record (docs/security.md); every node of a run needs the same one. Without it the
     session reads ``GRADIENTMAIL_RUN_KEY`` or ``GRADIENTMAIL_RUN_KEY_FILE``, as every other way
     to start a node does (``RunKey.from_env``); an explicit ``run_key`` wins. ``retention`` is
-    the storage policy a new run is created with (a joiner uses the run's).
+    the storage policy a new run is created with, and ``blob_digest`` what its blobs are pinned
+    by (``"blake3"``, or ``"sha256"``); a joiner uses the run's.
     """
 
     def __init__(
@@ -169,6 +171,7 @@ class Session:
         options: SessionOptions | None = None,
         run_key: str | RunKey | None = None,
         retention: Retention | None = None,
+        blob_digest: str = DEFAULT_BLOB_DIGEST,
         group: Any = "auto",
     ) -> None:
         model = unwrap_model(model)
@@ -191,6 +194,10 @@ class Session:
         if retention is not None and not isinstance(retention, Retention):
             raise InvalidConfig("retention", f"expected gm.Retention, got {type(retention).__name__}")
         self.retention = retention or Retention()
+        try:
+            self.blob_digest: DigestName = check_digest_name(blob_digest)
+        except ValueError as exc:
+            raise InvalidConfig("blob_digest", str(exc)) from None
         self.stats = SessionStats()
         self._owns_mailbox = isinstance(mailbox, str)
         self._mailbox = MeteredMailbox(open_mailbox(mailbox) if isinstance(mailbox, str) else mailbox)
@@ -238,7 +245,9 @@ class Session:
             self._resume()
             return
         self._ranks.joining()  # FSDP: a new run starts from the full model
-        proposal = RunProposal(self.algorithm, lease_ttl_s=self.options.lease_ttl_s, retention=self.retention)
+        proposal = RunProposal(
+            self.algorithm, lease_ttl_s=self.options.lease_ttl_s, retention=self.retention, blob_digest=self.blob_digest
+        )
         spec, created = join_run(self._store, self.backend, self.model, proposal, self.learner_id)
         log.info("%s %s the run (%d fragments)", self.learner_id, "created" if created else "joined", len(spec.fragments))
         fragments = []

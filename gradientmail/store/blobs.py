@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from gradientmail.backends import lossless, payload
-from gradientmail.digests import LEGACY_BLOB_DIGEST, DigestName, hex_digest
-from gradientmail.errors import CorruptPayload, IncompatiblePayload, KeyNotFound, ObjectTooLarge
+from gradientmail.digests import DigestName, hex_digest
+from gradientmail.errors import CorruptPayload, GradientMailError, IncompatiblePayload, KeyNotFound, ObjectTooLarge
 from gradientmail.mailbox import Mailbox
 from gradientmail.mailbox.base import Gathered, HashingGet, HashingPut, joined
 from gradientmail.records import PayloadRef
@@ -37,22 +37,43 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pins(ref: PayloadRef, data: bytes) -> bool:
-    """Whether ``data`` is exactly the raw blob ``ref`` pins: its size and its digest."""
-    return len(data) == ref.size_bytes and hex_digest(ref.digest_name, data) == ref.hexdigest
+def pins(ref: PayloadRef, data: bytes, hexdigest: str | None = None) -> bool:
+    """Whether ``data`` is exactly the raw blob ``ref`` pins: its size and its digest
+    (``hexdigest``: the digest of ``data`` by ``ref``'s digest, when the store took it already)."""
+    if len(data) != ref.size_bytes:
+        return False
+    return (hexdigest if hexdigest is not None else hex_digest(ref.digest_name, data)) == ref.hexdigest
+
+
+def _checked(ref: PayloadRef, data: bytes, hexdigest: str | None = None) -> bytes:
+    """``data`` if it is the blob ``ref`` pins; ``CorruptPayload`` naming what differs otherwise."""
+    if len(data) != ref.size_bytes:
+        raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
+    if not pins(ref, data, hexdigest):
+        raise CorruptPayload(f"{ref.key}: checksum mismatch")
+    return data
 
 
 class Blobs:
     """One run's blobs in one mailbox (``RunStore.blobs``)."""
 
-    def __init__(self, mailbox: Mailbox, digest: DigestName = LEGACY_BLOB_DIGEST) -> None:
+    def __init__(self, mailbox: Mailbox, digest: DigestName | None = None) -> None:
         self._mailbox = mailbox
-        self.digest: DigestName = digest
-        """What new blobs are pinned by: the run's ``blob_digest``, which ``RunStore`` sets from the
-        manifest it reads or creates (sha256 until then, as a run that names none)."""
+        self._digest = digest
 
-    def _hex(self, data: bytes) -> str:
-        return hex_digest(self.digest, data)
+    @property
+    def digest(self) -> DigestName:
+        """What new blobs are pinned by: the run's ``blob_digest``. ``RunStore`` sets it from the
+        manifest it verifies or creates; writing before that is an error, never a guess."""
+        if self._digest is None:
+            raise GradientMailError(
+                f"{self._mailbox.url}: the run's blob digest is not known yet (read or create its manifest before writing blobs)"
+            )
+        return self._digest
+
+    @digest.setter
+    def digest(self, name: DigestName) -> None:
+        self._digest = name
 
     def write_tensors(
         self,
@@ -61,39 +82,47 @@ class Blobs:
         hashing: ThreadPoolExecutor | None = None,
         *,
         compress: bool = False,
+        digest: DigestName | None = None,
     ) -> PayloadRef:
         """Put a blob of ``tensors``, its pieces gathered (no encoded copy where the store writes
         pieces); with ``hashing``, its digest is taken there while it uploads; ``compress``: stored
-        as zstd-shuffle frames, shuffled by the element size that holds most of the bytes."""
+        as zstd-shuffle frames, shuffled by the element size that holds most of the bytes;
+        ``digest``: what it is pinned by (None: the run's)."""
         pieces = Gathered(payload.encode_pieces(tensors))
         if not compress:
-            return self.put(key, pieces, hashing)
-        return self.put_compressed(key, joined(pieces), typesize(tensors.values()), hashing)
+            return self.put(key, pieces, hashing, digest=digest)
+        return self.put_compressed(key, joined(pieces), typesize(tensors.values()), hashing, digest=digest)
 
-    def put_compressed(self, key: str, raw: bytes, typesize: int, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
-        """Put ``raw`` compressed (``backends/lossless.py``); the reference pins the raw bytes."""
-        digest = hashing.submit(self._hex, raw) if hashing is not None else None
+    def put_compressed(
+        self, key: str, raw: bytes, typesize: int, hashing: ThreadPoolExecutor | None = None, *, digest: DigestName | None = None
+    ) -> PayloadRef:
+        """Put ``raw`` compressed (``backends/lossless.py``); the reference pins the raw bytes
+        (by ``digest``; None: the run's)."""
+        name = digest or self.digest
+        taken = hashing.submit(hex_digest, name, raw) if hashing is not None else None
         stored = lossless.compress(raw, typesize)
         self._mailbox.put(key, stored)
-        hexdigest = digest.result() if digest is not None else self._hex(raw)
-        return PayloadRef.pinned(key, self.digest, hexdigest, len(raw), encoding=lossless.ENCODING, stored_bytes=len(stored))
+        hexdigest = taken.result() if taken is not None else hex_digest(name, raw)
+        return PayloadRef.pinned(key, name, hexdigest, len(raw), encoding=lossless.ENCODING, stored_bytes=len(stored))
 
-    def put(self, key: str, data: bytes | Gathered, hashing: ThreadPoolExecutor | None = None) -> PayloadRef:
-        """Put a blob and reference it by size and digest. A store that hashes what it writes
-        (``HashingPut``) hands the digest over, and writes a gathered payload out of its pieces:
-        the bytes are hashed once and never joined. Any other gets them joined and hashes them
-        here, on ``hashing`` while the upload runs when given."""
-        mailbox = self._mailbox
+    def put(
+        self, key: str, data: bytes | Gathered, hashing: ThreadPoolExecutor | None = None, *, digest: DigestName | None = None
+    ) -> PayloadRef:
+        """Put a blob and reference it by size and ``digest`` (None: the run's). A store that
+        hashes what it writes (``HashingPut``) hands the digest over, and writes a gathered
+        payload out of its pieces: the bytes are hashed once and never joined. Any other gets
+        them joined and hashes them here, on ``hashing`` while the upload runs when given."""
+        mailbox, name = self._mailbox, digest or self.digest
         if isinstance(mailbox, HashingPut):
-            _, hexdigest = mailbox.put_hashed(key, data, self.digest)
-            return PayloadRef.pinned(key, self.digest, hexdigest, len(data))
+            _, hexdigest = mailbox.put_hashed(key, data, name)
+            return PayloadRef.pinned(key, name, hexdigest, len(data))
         data = joined(data)
-        digest = hashing.submit(self._hex, data) if hashing is not None else None
+        taken = hashing.submit(hex_digest, name, data) if hashing is not None else None
         try:
             self._mailbox.put(key, data)
         finally:
-            hexdigest = digest.result() if digest is not None else self._hex(data)
-        return PayloadRef.pinned(key, self.digest, hexdigest, len(data))
+            hexdigest = taken.result() if taken is not None else hex_digest(name, data)
+        return PayloadRef.pinned(key, name, hexdigest, len(data))
 
     def read(self, ref: PayloadRef) -> bytes:
         """A referenced blob's bytes, after checking its size and checksum (``CorruptPayload``).
@@ -111,11 +140,7 @@ class Blobs:
                 digest = None
         except ObjectTooLarge as exc:
             raise CorruptPayload(f"{ref.key}: larger than the {ref.size_bytes} bytes its record says ({exc})") from None
-        if len(data) != ref.size_bytes:
-            raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
-        if (digest if digest is not None else hex_digest(ref.digest_name, data)) != ref.hexdigest:
-            raise CorruptPayload(f"{ref.key}: checksum mismatch")
-        return data
+        return _checked(ref, data, digest)
 
     def _read_compressed(self, ref: PayloadRef) -> bytes:
         """A compressed blob's raw bytes: no more fetched than the codec's worst case for the
@@ -129,9 +154,7 @@ class Blobs:
             data = lossless.decompress(stored, ref.size_bytes)
         except lossless.LosslessError as exc:
             raise CorruptPayload(f"{ref.key}: {exc}") from None
-        if hex_digest(ref.digest_name, data) != ref.hexdigest:
-            raise CorruptPayload(f"{ref.key}: checksum mismatch")
-        return data
+        return _checked(ref, data)
 
     def intact(self, ref: PayloadRef) -> bool:
         """Whether the blob ``ref`` names is there with its size and checksum (one read)."""

@@ -23,6 +23,7 @@ import numpy as np
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends import payload, quantized_payload
 from gradientmail.backends.compact import UpdateCodec, UpdateParts, apply_update, decode_update, encode_update
+from gradientmail.digests import DigestName
 from gradientmail.errors import (
     CorruptPayload,
     GradientMailError,
@@ -374,9 +375,12 @@ class RunStore:
             )
         return params
 
-    def commit_version(self, draft: VersionDraft, *, committed_by: str, term: int) -> StoredRound | None:
+    def commit_version(
+        self, draft: VersionDraft, *, committed_by: str, term: int, digest: DigestName | None = None
+    ) -> StoredRound | None:
         """Write a version's blobs under keys unique to this attempt, then create its record,
-        then point the fragment's head at it.
+        then point the fragment's head at it. ``digest``: the run's ``blob_digest`` (None: the
+        one of the manifest this store read).
 
         The blobs are immutable and written *before* the record (INV-1), so a record never
         points at missing bytes and a writer that loses the race overwrites nothing: it deletes
@@ -389,19 +393,24 @@ class RunStore:
         # one encoded blob is held at a time (writing both at once measured no faster on loopback).
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="gm-commit-digest") as hashing:
             params_ref = self.blobs.write_tensors(
-                keys.params_blob(fragment, version, committed_by, attempt), draft.params, hashing, compress=draft.compress
+                keys.params_blob(fragment, version, committed_by, attempt),
+                draft.params,
+                hashing,
+                compress=draft.compress,
+                digest=digest,
             )
             state_ref = self.blobs.write_tensors(
                 keys.outer_state_blob(fragment, version, committed_by, attempt),
                 draft.outer_state,
                 hashing,
                 compress=draft.compress,
+                digest=digest,
             )
             update_ref = None
             if draft.update is not None:
                 codec, parts = draft.update
                 update_key = keys.update_blob(fragment, version, committed_by, attempt)
-                update_ref = self.blobs.put(update_key, encode_update(parts, codec), hashing)
+                update_ref = self.blobs.put(update_key, encode_update(parts, codec), hashing, digest=digest)
         record = RoundRecord.committed(
             draft.content, params=params_ref, outer_state=state_ref, update=update_ref, committed_by=committed_by, term=term
         )
@@ -446,6 +455,7 @@ class RunStore:
         first_sequence: int = 1,
         *,
         compress: bool = False,
+        digest: DigestName | None = None,
         saved_state: SavedState | None = None,
     ) -> PublishedContribution:
         """Put a delta, then create its record once; returns its key, the payload's bytes and the
@@ -453,7 +463,8 @@ class RunStore:
 
         ``first_sequence`` is the lowest sequence number to use; taken ones are skipped, so a
         restarted learner never collides with what it published before. ``compress``: named
-        arrays are stored compressed (``DiLoCo.payload_compression``). ``saved_state``: the
+        arrays are stored compressed (``DiLoCo.payload_compression``). ``digest``: the run's
+        ``blob_digest`` (None: the one of the manifest this store read). ``saved_state``: the
         learner's newest state saved in the mailbox, which the record names (``store.states``).
 
         Raises:
@@ -464,11 +475,12 @@ class RunStore:
             sequence += 1
         key = keys.ContributionKey(fragment, anchor_version, learner, sequence)
         if isinstance(delta, bytes):  # already compact (quantized or sparse): stored as is
-            blob = self.blobs.put(key.blob, delta)
+            blob = self.blobs.put(key.blob, delta, digest=digest)
         elif compress:
-            blob = self.blobs.put_compressed(key.blob, joined(Gathered(payload.encode_pieces(delta))), typesize(delta.values()))
+            encoded = joined(Gathered(payload.encode_pieces(delta)))
+            blob = self.blobs.put_compressed(key.blob, encoded, typesize(delta.values()), digest=digest)
         else:
-            blob = self.blobs.put(key.blob, Gathered(payload.encode_pieces(delta)))
+            blob = self.blobs.put(key.blob, Gathered(payload.encode_pieces(delta)), digest=digest)
         contribution = Contribution(
             learner=learner,
             fragment=fragment,
@@ -532,8 +544,10 @@ class RunStore:
         self._mailbox.delete(key.blob)
         self._mailbox.delete(key.record)
 
-    def _put_state_blob(self, key: str, data: bytes, compress: bool) -> PayloadRef:
-        return self.blobs.put_compressed(key, data, 4) if compress else self.blobs.put(key, data)
+    def _put_state_blob(self, key: str, data: bytes, compress: bool, digest: DigestName) -> PayloadRef:
+        if compress:
+            return self.blobs.put_compressed(key, data, 4, digest=digest)
+        return self.blobs.put(key, data, digest=digest)
 
     # -- retention -----------------------------------------------------------------
     def version_blobs(self, fragment: int) -> dict[int, list[str]]:

@@ -18,6 +18,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable
 
+from gradientmail.digests import DigestName
 from gradientmail.errors import GradientMailError, InvalidRecord, KeyNotFound
 from gradientmail.records import LearnerStateRecord, PayloadRef, SavedState, keys
 from gradientmail.store.cas import CasRecords
@@ -62,14 +63,14 @@ def newest_resume_point(recorded: SavedState | None, named: Iterable[SavedState 
 
 class LearnerStateRecords:
     """Every learner's saved state in one run (``RunStore.states``). ``put_blob(key, data,
-    compress)`` and ``read_blob(ref)`` are the store's verified blobs."""
+    compress, digest)`` and ``read_blob(ref)`` are the store's verified blobs."""
 
     def __init__(
         self,
         io: RecordIO,
         cas: CasRecords,
         *,
-        put_blob: Callable[[str, bytes, bool], PayloadRef],
+        put_blob: Callable[[str, bytes, bool, DigestName], PayloadRef],
         read_blob: Callable[[PayloadRef], bytes],
     ) -> None:
         self._io = io
@@ -78,13 +79,22 @@ class LearnerStateRecords:
         self._read_blob = read_blob
 
     def save(
-        self, learner: str, run_id: str, total_steps: int, data: bytes, *, compress: bool = False, keep: str | None = None
+        self,
+        learner: str,
+        run_id: str,
+        total_steps: int,
+        data: bytes,
+        *,
+        digest: DigestName,
+        compress: bool = False,
+        keep: str | None = None,
     ) -> SavedState:
-        """Put a learner's saved state (``compress``: stored compressed, mostly fp32 tensors);
+        """Put a learner's saved state, pinned by ``digest`` (the run's blob digest; a new
+        run's where there is no run yet), ``compress``: stored compressed, mostly fp32 tensors;
         what the learner's next contributions name (``Contribution.saved_state``). Older saves
         are deleted but ``keep`` (the one before, which contributions published since name)."""
         blob = keys.learner_state_blob(learner, total_steps, uuid.uuid4().hex[:8])
-        ref = self._put_blob(blob, data, compress)
+        ref = self._put_blob(blob, data, compress, digest)
         record = LearnerStateRecord(learner=learner, run_id=run_id, total_steps=total_steps, state=ref)
         self._cas.put(keys.learner_state_record(learner), record)
         for key, parsed in self._io.listed(keys.learner_state_prefix(learner)):

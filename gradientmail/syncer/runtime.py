@@ -500,7 +500,9 @@ class SyncerRuntime:
         if fragment not in self.assigned():
             return  # the fragment went to another node meanwhile (spread), or our term ended
         version_draft = view.version_draft(draft, self.backend, self.spec.algorithm, current.timing(started, self._clock()))
-        stored = self.store.commit_version(version_draft, committed_by=self.node_id, term=self.election.term)
+        stored = self.store.commit_version(
+            version_draft, committed_by=self.node_id, term=self.election.term, digest=self.spec.blob_digest
+        )
         committed_at = self._clock()
         if stored is None:
             self.lost_races += 1
