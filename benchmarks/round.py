@@ -20,7 +20,8 @@ its floor: whole round ÷ floor, collect ÷ the floor's GETs and ÷ those GETs h
 with the run's digest (target at M = 2, 4, 8 × 256 MB: ≤ 1.2×), write ÷ the PUTs. ``--digest
 blake3|sha256|both`` is the runs' blob digest (default: a new run's, BLAKE3); ``both`` runs each
 round with each, interleaved (each first in every other repeat, after one untimed round that grows
-the process's heap), and prints each round's BLAKE3 ÷ sha256, paired by repeat.
+the process's heap), and prints each round's BLAKE3 ÷ sha256, paired by repeat. ``--transfer-threads
+2,4,8`` adds arms of the syncer's ``S3Tuning.max_concurrency`` the same way, each ÷ the default's.
 
 Part 2, requests: every mailbox gets a ``boto3.Session`` with botocore event hooks counting its
 requests by operation (``benchmarks/s3_requests.py``). Per committed round: the syncer's closing
@@ -241,11 +242,21 @@ class PhaseRecorder:
 
 
 # -- S3 set-up -------------------------------------------------------------------------------------
-def counted_mailbox(server: S3Endpoint, prefix: str, counter: RequestCounter) -> gm.S3Mailbox:
+def counted_mailbox(server: S3Endpoint, prefix: str, counter: RequestCounter, tuning: S3Tuning | None = None) -> gm.S3Mailbox:
     session = counting_session(server.access_key, server.secret_key, server.region, counter)
     return gm.S3Mailbox(
-        server.bucket, prefix, endpoint_url=server.endpoint_url, region=server.region, addressing_style="path", session=session
+        server.bucket,
+        prefix,
+        endpoint_url=server.endpoint_url,
+        region=server.region,
+        addressing_style="path",
+        session=session,
+        tuning=tuning,
     )
+
+
+DEFAULT_TRANSFER_THREADS = S3Tuning().max_concurrency
+"""The S3 mailbox's parts or ranges in flight at its defaults: the arm a round is judged at."""
 
 
 def model_of(mb: float) -> dict[str, np.ndarray]:
@@ -335,15 +346,17 @@ def one_round(
     floor: bool,
     arithmetic: str = "streamed",
     digest: DigestName = DEFAULT_BLOB_DIGEST,
+    transfer_threads: int = DEFAULT_TRANSFER_THREADS,
 ) -> dict[str, Any]:
     """Publish ``m`` contributions, close the round with one syncer pass; time and count it.
     ``arithmetic``: the run's ``merge_arithmetic`` (``streamed``, the default, or ``normalized``);
-    ``digest``: the run's ``blob_digest`` (BLAKE3, a new run's, or sha256, a run from before)."""
+    ``digest``: the run's ``blob_digest`` (BLAKE3, a new run's, or sha256, a run from before);
+    ``transfer_threads``: the syncer's mailbox's ``S3Tuning.max_concurrency``."""
     server = weed.server
     prefix = f"bench-round/{merge}-{m}-{uuid.uuid4().hex[:8]}"
     counters = {name: RequestCounter() for name in ("syncer", "publishers", "fetcher")}
     calls = CallLog()
-    syncer_box = counted_mailbox(server, prefix, counters["syncer"])
+    syncer_box = counted_mailbox(server, prefix, counters["syncer"], S3Tuning(max_concurrency=transfer_threads))
     publisher_box = counted_mailbox(server, prefix, counters["publishers"])
     fetcher_box = counted_mailbox(server, prefix, counters["fetcher"])
     for box in (syncer_box, publisher_box, fetcher_box):
@@ -410,6 +423,7 @@ def one_round(
             "merge": merge,
             "arithmetic": arithmetic,
             "digest": digest,
+            "transfer_threads": transfer_threads,
             "m": m,
             "mb": mb,
             "publish_s": publish_s,
@@ -744,6 +758,7 @@ def rounds_only(args: argparse.Namespace) -> int:
     sweep = [tuple(float(x) for x in item.split("x")) for item in args.sweep.split(",") if item]
     grid = parse_grid(args.grid)
     digests: list[DigestName] = list(DIGESTS) if args.digest == "both" else [args.digest]
+    arms = [(digest, threads) for digest in digests for threads in parse_threads(args.transfer_threads)]
     out = args.json or ROOT / "runs" / f"round-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}" / "result.json"
     partial = out.with_name(out.stem + ".partial.json")
     logging.basicConfig(level=logging.WARNING)
@@ -754,7 +769,9 @@ def rounds_only(args: argparse.Namespace) -> int:
         weed = Seaweed.start(Path(scratch))
         try:
             if grid:  # the first round of a process grows its heap (freed memory is kept): not an arm's cost
-                one_round(weed, merges[0], *grid[0], floor=False, arithmetic=forms[-1], digest=digests[0])
+                first_digest, first_threads = arms[0]
+                warm = {"digest": first_digest, "transfer_threads": first_threads}
+                one_round(weed, merges[0], *grid[0], floor=False, arithmetic=forms[-1], **warm)
             for repeat in range(args.repeat):  # interleaved, so a slow spell of the machine hits every arm
                 for merge in merges if not grid else []:
                     for form in forms:
@@ -762,12 +779,14 @@ def rounds_only(args: argparse.Namespace) -> int:
                         r["repeat"] = repeat
                         print_round(r)
                         rounds.append(r)
-                order = digests if repeat % 2 == 0 else digests[::-1]  # each digest first in every other repeat
-                for (m, mb), digest in itertools.product(grid, order):  # the grid, in place of the timed rounds
-                    r = one_round(weed, merges[0], m, mb, floor=True, arithmetic=forms[-1], digest=digest)
+                order = arms if repeat % 2 == 0 else arms[::-1]  # each arm first in every other repeat
+                for (m, mb), (digest, threads) in itertools.product(grid, order):  # the grid, in place of the timed rounds
+                    r = one_round(
+                        weed, merges[0], m, mb, floor=True, arithmetic=forms[-1], digest=digest, transfer_threads=threads
+                    )
                     r["repeat"] = repeat
                     gridded.append(r)
-                    print(f"  grid repeat {repeat + 1}, {digest}: {grid_line(r)}")
+                    print(f"  grid repeat {repeat + 1}, {digest}, {threads} transfer threads: {grid_line(r)}")
                     partial.parent.mkdir(parents=True, exist_ok=True)  # a long grid keeps what it measured
                     partial.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "grid": gridded}))
             for m, mb in sweep:
@@ -900,19 +919,41 @@ def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[
     elsewhere, and for sha256 (a run from before). With both digests, each round's blake3 ÷ sha256
     (medians of the repeats' ratios, the two arms interleaved)."""
     verdicts = []
-    digests = sorted({r.get("digest", "sha256") for r in gridded}, key=lambda d: d != DEFAULT_BLOB_DIGEST)
-    for digest in digests:
-        verdicts += _grid_table([r for r in gridded if r.get("digest", "sha256") == digest], merge, form, digest)
+    arms = sorted({arm_of(r) for r in gridded}, key=lambda a: (a[0] != DEFAULT_BLOB_DIGEST, a[1] != DEFAULT_TRANSFER_THREADS, a))
+    for arm in arms:
+        verdicts += _grid_table([r for r in gridded if arm_of(r) == arm], merge, form, *arm)
+    digests = {digest for digest, _ in arms}
     if len(digests) > 1:
-        verdicts += _digest_ab(gridded, merge)
+        verdicts += _digest_ab([r for r in gridded if arm_of(r)[1] == arms[0][1]], merge)
+    for threads in sorted({t for _, t in arms} - {arms[0][1]}):
+        verdicts += _threads_ab(gridded, merge, arms[0], (arms[0][0], threads))
     return verdicts
 
 
-def _grid_table(gridded: list[dict[str, Any]], merge: str, form: str, digest: str) -> list[Any]:
+def arm_of(r: dict[str, Any]) -> tuple[str, int]:
+    """A grid round's arm: the run's blob digest and the syncer's transfer threads."""
+    return r.get("digest", "sha256"), r.get("transfer_threads", DEFAULT_TRANSFER_THREADS)
+
+
+def parse_threads(text: str) -> list[int]:
+    """``4,8`` → [4, 8]: the transfer-thread arms (``S3Tuning.max_concurrency`` of the syncer's mailbox)."""
+    try:
+        threads = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        threads = []
+    if not threads or any(t < 1 for t in threads):
+        raise SystemExit(f"benchmarks.round: --transfer-threads is N,N,... (each ≥ 1), got {text!r}")
+    return threads
+
+
+def _grid_table(gridded: list[dict[str, Any]], merge: str, form: str, digest: str, threads: int) -> list[Any]:
     configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
     columns = ("whole", "collect", "collect_hashed", "write", "collect_gb_s", "merge_s", "step_s", "fixed_s")
-    judged = digest == DEFAULT_BLOB_DIGEST
-    print(f"\n== the round's phases against their floors, {merge} ({form}), {digest} blobs: medians of the repeats ==")
+    judged = digest == DEFAULT_BLOB_DIGEST and threads == DEFAULT_TRANSFER_THREADS
+    print(
+        f"\n== the round's phases against their floors, {merge} ({form}), {digest} blobs, {threads} transfer threads: "
+        "medians of the repeats =="
+    )
     print(
         f"  {'M × MB':>10} {'round÷floor':>12} {'collect÷GETs':>13} {'÷GETs+' + digest:>13} {'write÷PUTs':>11} "
         f"{'collect GB/s':>13} {'merge s':>8} {'step s':>7} {'fixed s':>8}"
@@ -925,7 +966,9 @@ def _grid_table(gridded: list[dict[str, Any]], merge: str, form: str, digest: st
             f"  {f'{m} × {mb:g}':>10} {med['whole']:12.2f} {med['collect']:13.2f} {med['collect_hashed']:13.2f} "
             f"{med['write']:11.2f} {med['collect_gb_s']:13.2f} {med['merge_s']:8.3f} {med['step_s']:7.3f} {med['fixed_s']:8.3f}"
         )
-        name = f"M = {m} × {mb:g} MB, {merge}, {digest} blobs"
+        name = f"M = {m} × {mb:g} MB, {merge}, {digest} blobs" + (
+            "" if threads == DEFAULT_TRANSFER_THREADS else f", {threads} transfer threads"
+        )
         if judged and mb >= GRID_JUDGED_MB and m in GRID_JUDGED_M:
             verdicts += [
                 verdict(
@@ -975,6 +1018,38 @@ def _digest_ab(gridded: list[dict[str, Any]], merge: str) -> list[Any]:
             information(f"whole round, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", whole),
             information(f"collect, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", collect),
             information(f"pass CPU-s (client + server), blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", cpu),
+        ]
+    return verdicts
+
+
+def _threads_ab(gridded: list[dict[str, Any]], merge: str, base: tuple[str, int], other: tuple[str, int]) -> list[Any]:
+    """Each configuration's round with ``other``'s transfer threads ÷ the same round at ``base``'s
+    (the defaults), paired by repeat: whole, collect, write and the pass's CPU-seconds."""
+    by = {(r["m"], r["mb"], r["repeat"], arm_of(r)): r for r in gridded}
+    configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
+    print(f"\n== {other[1]} ÷ {base[1]} transfer threads, {base[0]} blobs, {merge}: medians of the paired repeats ==")
+    print(f"  {'M × MB':>10} {'whole round':>12} {'collect':>8} {'write':>6} {'pass CPU-s':>11}")
+    verdicts = []
+    for m, mb in configs:
+        pairs = [
+            (by[(m, mb, k, other)], by[(m, mb, k, base)])
+            for k in sorted({r["repeat"] for r in gridded})
+            if (m, mb, k, other) in by and (m, mb, k, base) in by
+        ]
+        if not pairs:
+            continue
+        whole = [o["whole_s"] / b["whole_s"] for o, b in pairs]
+        collect = [o["phases"][COLLECT_PHASE]["s"] / b["phases"][COLLECT_PHASE]["s"] for o, b in pairs]
+        write = [o["phases"][WRITE_PHASE]["s"] / b["phases"][WRITE_PHASE]["s"] for o, b in pairs]
+        cpu = [_pass_cpu_s(o) / _pass_cpu_s(b) for o, b in pairs]
+        print(
+            f"  {f'{m} × {mb:g}':>10} {statistics.median(whole):12.3f} {statistics.median(collect):8.3f} "
+            f"{statistics.median(write):6.3f} {statistics.median(cpu):11.3f}"
+        )
+        verdicts += [
+            information(f"whole round, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", whole),
+            information(f"collect, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", collect),
+            information(f"pass CPU-s, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", cpu),
         ]
     return verdicts
 
@@ -1040,6 +1115,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=(*DIGESTS, "both"),
         default=DEFAULT_BLOB_DIGEST,
         help="the runs' blob digest in --rounds-only (both: each round with each, interleaved, and blake3 ÷ sha256)",
+    )
+    parser.add_argument(
+        "--transfer-threads",
+        default=str(DEFAULT_TRANSFER_THREADS),
+        help="with --grid: the syncer's S3Tuning.max_concurrency, one arm each (e.g. 2,4,8; interleaved like the digests; "
+        f"each ÷ the first that is the default, {DEFAULT_TRANSFER_THREADS})",
     )
     add_memory_option(parser, default="retained")  # as a gradientmail node runs
     args = parser.parse_args(argv)

@@ -57,6 +57,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "gradientmail/_version.py",
             "gradientmail/memory.py",
             "gradientmail/digests.py",
+            "gradientmail/cores.py",
         ),
     ),
 )

@@ -175,15 +175,17 @@ def test_the_grid_sets_each_phase_against_its_floor(tmp_path):
     rows = json.loads((tmp_path / "fit.json").read_text())["rounds"]
     assert [(r["m"], r["mb"], r["role"], len(r["measured_s"])) for r in rows][-1] == (3, 2.0, "prediction", 1)
     assert all(r["floor"]["hashed_get_s"] > 0 for r in result["grid"])
-    both = subprocess.run(  # each round with each digest, interleaved, and BLAKE3 ÷ sha256 paired by repeat
+    both = subprocess.run(  # each round with each digest and thread count, interleaved, and each A/B paired by repeat
         [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--merge", "rda", "--grid", "2x1", "--digest", "both",
-         "--repeat", "2", "--json", str(tmp_path / "both.json")],
+         "--transfer-threads", "8,2", "--repeat", "2", "--json", str(tmp_path / "both.json")],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert both.returncode == 0, both.stdout[-4000:] + both.stderr[-4000:]
     assert "÷GETs+sha256" in both.stdout and "== blake3 ÷ sha256 blobs, rda" in both.stdout
-    ran = [(r["repeat"], r["digest"]) for r in json.loads((tmp_path / "both.json").read_text())["grid"]]
-    assert ran == [(0, "sha256"), (0, "blake3"), (1, "blake3"), (1, "sha256")]
+    assert "== 2 ÷ 8 transfer threads, blake3 blobs, rda" in both.stdout
+    ran = [(r["repeat"], r["digest"], r["transfer_threads"]) for r in json.loads((tmp_path / "both.json").read_text())["grid"]]
+    arms = [("sha256", 8), ("sha256", 2), ("blake3", 8), ("blake3", 2)]
+    assert ran == [(0, *arm) for arm in arms] + [(1, *arm) for arm in reversed(arms)]
     bad = subprocess.run(
         [sys.executable, "-m", "benchmarks.round", "--rounds-only", "--grid", "2,4"],
         cwd=ROOT, capture_output=True, text=True, timeout=60,

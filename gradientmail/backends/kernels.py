@@ -11,7 +11,8 @@ fp32 scratch blocks stay in cache while the inputs stream through once. NumPy re
 inside ufuncs, so a small thread pool takes contiguous runs of blocks (each block computed by one
 thread); reductions come back per block and are added in block order, so the thread count never
 changes a result. ``GRADIENTMAIL_KERNEL_THREADS`` (or :func:`set_kernel_threads`) bounds the pool;
-the default is the CPUs this process may use, at most 8.
+the default is the cores this process may use (``gradientmail/cores.py``: its affinity capped
+by its cgroup's CPU quota), at most 8.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from gradientmail.cores import available_cores
 
 KERNEL_CHUNK = 1 << 18
 """Elements per block of the fused kernels (1 MiB of fp32): fixed, so reductions summed per
@@ -54,8 +57,7 @@ def _default_threads() -> int:
     configured = os.environ.get("GRADIENTMAIL_KERNEL_THREADS", "")
     if configured.strip().isdigit() and int(configured) > 0:
         return int(configured)
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(available, 8))
+    return min(available_cores(), 8)
 
 
 _threads = _default_threads()
