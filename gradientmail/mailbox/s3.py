@@ -77,7 +77,9 @@ class S3Tuning:
     keep only 4 connections busy, and were no slower on loopback."""
     max_concurrency: int = 8
     """Parts or ranges in flight at once per mailbox; about bandwidth / per-connection
-    throughput."""
+    throughput. Sized by the link, not the cores: a thread waiting on a socket costs no CPU,
+    and on the 2-core VM fewer did not make the syncer's round faster (2 or 4 in flight: the
+    round 1.03 / 0.97x, its collect 1.22 / 1.08x the same round with 8; docs/benchmarks.md)."""
     verify_conditional_writes: bool = True
     """Before the first create-once or swap, check on a scratch key that the store
     refuses a write whose condition fails (some S3-compatible stores silently ignore
