@@ -922,11 +922,13 @@ def grid_verdicts(gridded: list[dict[str, Any]], merge: str, form: str) -> list[
     arms = sorted({arm_of(r) for r in gridded}, key=lambda a: (a[0] != DEFAULT_BLOB_DIGEST, a[1] != DEFAULT_TRANSFER_THREADS, a))
     for arm in arms:
         verdicts += _grid_table([r for r in gridded if arm_of(r) == arm], merge, form, *arm)
-    digests = {digest for digest, _ in arms}
-    if len(digests) > 1:
-        verdicts += _digest_ab([r for r in gridded if arm_of(r)[1] == arms[0][1]], merge)
-    for threads in sorted({t for _, t in arms} - {arms[0][1]}):
-        verdicts += _threads_ab(gridded, merge, arms[0], (arms[0][0], threads))
+    digest, threads = arms[0]
+    if {"blake3", "sha256"} <= {d for d, _ in arms}:
+        label = "blake3 ÷ sha256 blobs"
+        verdicts += _paired_ab(gridded, merge, ("blake3", threads), ("sha256", threads), label, label)
+    for other in sorted({t for _, t in arms} - {threads}):
+        label = f"{other} ÷ {threads} transfer threads"
+        verdicts += _paired_ab(gridded, merge, (digest, other), arms[0], label, f"{label}, {digest} blobs")
     return verdicts
 
 
@@ -990,44 +992,18 @@ def _grid_table(gridded: list[dict[str, Any]], merge: str, form: str, digest: st
     return verdicts
 
 
-def _digest_ab(gridded: list[dict[str, Any]], merge: str) -> list[Any]:
-    """Each configuration's round with BLAKE3 blobs ÷ the same round with sha256 blobs, paired by
-    repeat (the arms run back to back), whole and collect: what the digest buys end to end."""
-    by = {(r["m"], r["mb"], r["repeat"], r.get("digest", "sha256")): r for r in gridded}
-    configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
-    print(f"\n== blake3 ÷ sha256 blobs, {merge}: medians of the paired repeats ==")
-    print(f"  {'M × MB':>10} {'whole round':>12} {'collect':>8} {'write':>6} {'pass CPU-s':>11}")
-    verdicts = []
-    for m, mb in configs:
-        pairs = [
-            (by[(m, mb, k, "blake3")], by[(m, mb, k, "sha256")])
-            for k in sorted({r["repeat"] for r in gridded})
-            if (m, mb, k, "blake3") in by and (m, mb, k, "sha256") in by
-        ]
-        if not pairs:
-            continue
-        whole = [b["whole_s"] / s["whole_s"] for b, s in pairs]
-        collect = [b["phases"][COLLECT_PHASE]["s"] / s["phases"][COLLECT_PHASE]["s"] for b, s in pairs]
-        write = [b["phases"][WRITE_PHASE]["s"] / s["phases"][WRITE_PHASE]["s"] for b, s in pairs]
-        cpu = [_pass_cpu_s(b) / _pass_cpu_s(s) for b, s in pairs]
-        print(
-            f"  {f'{m} × {mb:g}':>10} {statistics.median(whole):12.3f} {statistics.median(collect):8.3f} "
-            f"{statistics.median(write):6.3f} {statistics.median(cpu):11.3f}"
-        )
-        verdicts += [
-            information(f"whole round, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", whole),
-            information(f"collect, blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", collect),
-            information(f"pass CPU-s (client + server), blake3 ÷ sha256 blobs, M = {m} × {mb:g} MB, {merge}", cpu),
-        ]
-    return verdicts
+Arm = tuple[str, int]
+"""A grid round's arm: the run's blob digest and the syncer's transfer threads (``arm_of``)."""
 
 
-def _threads_ab(gridded: list[dict[str, Any]], merge: str, base: tuple[str, int], other: tuple[str, int]) -> list[Any]:
-    """Each configuration's round with ``other``'s transfer threads ÷ the same round at ``base``'s
-    (the defaults), paired by repeat: whole, collect, write and the pass's CPU-seconds."""
+def _paired_ab(gridded: list[dict[str, Any]], merge: str, other: Arm, base: Arm, label: str, heading: str) -> list[Any]:
+    """Each configuration's round in arm ``other`` ÷ the same round in arm ``base``, paired by
+    repeat (the arms run back to back): whole, collect, write and the pass's CPU-seconds. What a
+    digest or a transfer-thread count buys end to end; ``label`` names the ratio, ``heading``
+    the table."""
     by = {(r["m"], r["mb"], r["repeat"], arm_of(r)): r for r in gridded}
     configs = sorted({(r["m"], r["mb"]) for r in gridded}, key=lambda c: (c[1], c[0]))
-    print(f"\n== {other[1]} ÷ {base[1]} transfer threads, {base[0]} blobs, {merge}: medians of the paired repeats ==")
+    print(f"\n== {heading}, {merge}: medians of the paired repeats ==")
     print(f"  {'M × MB':>10} {'whole round':>12} {'collect':>8} {'write':>6} {'pass CPU-s':>11}")
     verdicts = []
     for m, mb in configs:
@@ -1047,9 +1023,9 @@ def _threads_ab(gridded: list[dict[str, Any]], merge: str, base: tuple[str, int]
             f"{statistics.median(write):6.3f} {statistics.median(cpu):11.3f}"
         )
         verdicts += [
-            information(f"whole round, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", whole),
-            information(f"collect, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", collect),
-            information(f"pass CPU-s, {other[1]} ÷ {base[1]} transfer threads, M = {m} × {mb:g} MB, {merge}", cpu),
+            information(f"whole round, {label}, M = {m} × {mb:g} MB, {merge}", whole),
+            information(f"collect, {label}, M = {m} × {mb:g} MB, {merge}", collect),
+            information(f"pass CPU-s (client + server), {label}, M = {m} × {mb:g} MB, {merge}", cpu),
         ]
     return verdicts
 

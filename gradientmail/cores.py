@@ -1,11 +1,10 @@
-"""The cores this process may use: the one count every pool of the package is sized from.
+"""The cores this process may use: the one count the package's CPU-bound pools are sized from.
 
 A node shares its machine: with the training loop and its data loader on a GPU node, with the
-S3 server and the other learners on a small box. The kernels' threads, the S3 mailbox's parts
-in flight and the syncer's fetches ahead are therefore sized from the cores this process may
-actually run on, not from fixed numbers: on the 2-core VM of ``docs/benchmarks.md`` a round that
-ran 18 transfer threads beside two kernel threads took its norm pass at 0.23 GB/s, where the
-same kernel alone runs at 5 GB/s.
+S3 server and the other learners on a small box. The kernels' threads are therefore sized from
+the cores this process may actually run on. The S3 mailbox's parts in flight are not: they wait
+on sockets and are sized by the link (``S3Tuning.max_concurrency``; on the 2-core VM of
+``docs/benchmarks.md`` 2 or 4 in flight made the syncer's round no faster than 8).
 
 "May run on" is the smaller of the CPU affinity (``taskset``, a cpuset) and the cgroup's CPU
 quota (a container's ``--cpus``, a Kubernetes pod's CPU limit), rounded up: a pod limited to 2

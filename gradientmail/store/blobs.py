@@ -37,19 +37,21 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def pins(ref: PayloadRef, data: bytes, hexdigest: str | None = None) -> bool:
-    """Whether ``data`` is exactly the raw blob ``ref`` pins: its size and its digest
-    (``hexdigest``: the digest of ``data`` by ``ref``'s digest, when the store took it already)."""
-    if len(data) != ref.size_bytes:
-        return False
+def _digest_matches(ref: PayloadRef, data: bytes, hexdigest: str | None) -> bool:
+    """Whether ``data``'s digest by ``ref``'s kind is ``ref``'s (``hexdigest``: taken already by the store)."""
     return (hexdigest if hexdigest is not None else hex_digest(ref.digest_name, data)) == ref.hexdigest
+
+
+def pins(ref: PayloadRef, data: bytes) -> bool:
+    """Whether ``data`` is exactly the raw blob ``ref`` pins: its size and its digest."""
+    return len(data) == ref.size_bytes and _digest_matches(ref, data, None)
 
 
 def _checked(ref: PayloadRef, data: bytes, hexdigest: str | None = None) -> bytes:
     """``data`` if it is the blob ``ref`` pins; ``CorruptPayload`` naming what differs otherwise."""
     if len(data) != ref.size_bytes:
         raise CorruptPayload(f"{ref.key}: {len(data)} bytes, the record says {ref.size_bytes}")
-    if not pins(ref, data, hexdigest):
+    if not _digest_matches(ref, data, hexdigest):
         raise CorruptPayload(f"{ref.key}: checksum mismatch")
     return data
 
