@@ -4,32 +4,38 @@
     python -m benchmarks.peer_torchft --setup    # only create runs/.venv-torchft (torchft 0.2.0)
     python -m benchmarks.peer_torchft --no-torchft --quick   # a smoke run without torchft
 
-Five arms, each two learner processes (``python -m benchmarks.peer_worker``) with the same
-model (a 1.64M-parameter fp32 MLP), seeds, data, H and steps, one torch thread each, their
-loops started together; every arm runs ``--repeats`` times, interleaved, and the figures are
+Six arms, each ``--learners`` learner processes (default 2; ``python -m benchmarks.peer_worker``)
+with the same model (a 1.64M-parameter fp32 MLP), seeds, data, H and steps, one torch thread each,
+their loops started together; every arm runs ``--repeats`` times, interleaved, and the figures are
 medians:
 
-1. bare loop: no exchange; the throughput reference (two at once, so that they share the
-   cores as the learners of the other arms do);
-2. sync: synchronous DiLoCo in one process (both replicas in lock-step, the mean of their
+1. bare loop: no exchange; the throughput reference (all learners at once, so that they share
+   the cores as the learners of the other arms do);
+2. sync: synchronous DiLoCo in one process (every replica in lock-step, the mean of their
    pseudo-gradients through the same outer Nesterov SGD): the quality reference torchft and
-   GradientMail are measured against (every worker runs both replicas, so its loop time is
+   GradientMail are measured against (every worker runs all replicas, so its loop time is
    no throughput figure);
-3. torchft: ``torchft.local_sgd.DiLoCo`` with a Manager per learner (a replica group of one),
+3. ddp: data-parallel, ``DistributedDataParallel`` over gloo, every step's gradients all-reduced:
+   the step-by-step reference a low-communication method is set against;
+4. torchft: ``torchft.local_sgd.DiLoCo`` with a Manager per learner (a replica group of one),
    gloo, and ``torchft_lighthouse`` on loopback; outer SGD lr 0.7, momentum 0.9, Nesterov;
-4. GradientMail on a directory mailbox (``file://``): ``gm.DiLoCo(sync_every=H)``, every other
+5. GradientMail on a directory mailbox (``file://``): ``gm.DiLoCo(sync_every=H)``, every other
    setting its default (quorum 1, RDA merge, carrying unmerged work, 0.2 s poll) unless
    ``--quorum``, ``--merge``, ``--overlap-steps``, ``--no-carry``, ``--max-staleness``,
    ``--grace-tau`` or ``--grace-max-s`` say otherwise (``--quorum 2 --overlap-steps 0 --merge
    weighted_mean`` is lock-step DiLoCo, what torchft runs);
-5. the same on a loopback SeaweedFS (``testing/seaweed.py``; the server shares the cores).
+6. the same on a loopback SeaweedFS (``testing/seaweed.py``; the server shares the cores).
+
+Run inside a namespace whose loopback is one shaped pipe (``testing.shaped_link``), it names it
+with ``--link-namespace`` so the S3 server's own internal hops are exempted from the pipe; on such
+a thin link ``--ddp-steps`` and ``--torchft-steps`` shorten the peer-to-peer arms.
 
 Per arm: throughput against the bare loop (the bare loop's seconds ÷ the arm's, the loops'
 first to last step, mean of the learners, per repeat); the time the exchange holds the
 training thread per sync (torchft: its optimizer post-step hook, where DiLoCo's quorum,
 allreduce and outer step run; GradientMail: ``session.step()``); bytes each learner moves per
-sync (torchft: gloo's ring allreduce, 2(n−1)/n × 4 bytes × parameters each way, from the
-parameter count; GradientMail: counted at the mailbox, what every get and put of the
+sync (torchft and ddp: gloo's ring allreduce, 2(n−1)/n × 4 bytes × parameters each way per
+all-reduce, from the parameter count; GradientMail: counted at the mailbox, what every get and put of the
 learner's process carried, its syncer's included, not HTTP framing); the held-out loss of the
 final model; and the loop's CPU seconds per learner (and what the exchange adds to the bare loop's,
 per sync), with the server's (the lighthouse or
@@ -73,7 +79,11 @@ ROOT = Path(__file__).resolve().parent.parent
 TORCHFT_VENV = ROOT / "runs" / ".venv-torchft"
 TORCHFT_REQUIREMENT = "torchft==0.2.0"
 LEARNERS = 2
-ARMS = ("bare", "sync", "torchft", "gm-directory", "gm-s3")
+"""Learner processes per arm (``--learners``)."""
+ARMS = ("bare", "sync", "ddp", "torchft", "gm-directory", "gm-s3")
+PEER_ARMS = ("ddp", "torchft")
+"""The arms whose learners exchange peer to peer (gloo): ``--ddp-steps`` and ``--torchft-steps``
+shorten them on a thin link, where their every exchange waits for the pipe; throughput is per step."""
 
 
 @dataclass
@@ -167,8 +177,13 @@ def pin_process(pid: int, cores: set[int]) -> None:
             os.sched_setaffinity(int(task.name), cores)
 
 
-PLAN = core_plan(set(os.sched_getaffinity(0)), LEARNERS) if hasattr(os, "sched_getaffinity") else None
-"""This machine's plan (None: nothing pinned); printed with the table and kept in result.json."""
+def machine_plan(learners: int) -> tuple[set[int], set[int]] | None:
+    return core_plan(set(os.sched_getaffinity(0)), learners) if hasattr(os, "sched_getaffinity") else None
+
+
+PLAN = machine_plan(LEARNERS)
+"""This machine's plan for this run's learners (None: nothing pinned; ``main`` sets it for
+``--learners``); printed with the table and kept in result.json."""
 
 
 def _pin_learner() -> None:  # in the learner's process, before exec: every thread it starts inherits
@@ -180,13 +195,13 @@ def _pin_learner() -> None:  # in the learner's process, before exec: every thre
 
 
 def run_learners(
-    workdir: Path, python: str, arm_args: list[str], common: list[str], env: dict[str, str], timeout_s: float
+    workdir: Path, python: str, arm_args: list[str], common: list[str], env: dict[str, str], timeout_s: float, learners: int
 ) -> list[dict[str, Any]]:
-    """Start LEARNERS workers, release them together once all are set up, return their results."""
+    """Start ``learners`` workers, release them together once all are set up, return their results."""
     workdir.mkdir(parents=True, exist_ok=True)
     go = workdir / "go"
     processes = []
-    for rank in range(LEARNERS):
+    for rank in range(learners):
         command = [python, "-m", "benchmarks.peer_worker", *arm_args, *common, "--rank", str(rank)]
         command += ["--ready", str(workdir / f"ready-{rank}"), "--go", str(go), "--out", str(workdir / f"learner-{rank}.json")]
         log = (workdir / f"learner-{rank}.log").open("w")
@@ -198,7 +213,7 @@ def run_learners(
         log.close()
     try:
         deadline = time.monotonic() + timeout_s
-        while not all((workdir / f"ready-{rank}").exists() for rank in range(LEARNERS)):
+        while not all((workdir / f"ready-{rank}").exists() for rank in range(learners)):
             for rank, process in enumerate(processes):
                 if process.poll() is not None:
                     raise RuntimeError(
@@ -217,7 +232,7 @@ def run_learners(
             if process.poll() is None:
                 process.kill()
                 process.wait()
-    return [json.loads((workdir / f"learner-{rank}.json").read_text()) for rank in range(LEARNERS)]
+    return [json.loads((workdir / f"learner-{rank}.json").read_text()) for rank in range(learners)]
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -231,8 +246,10 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
     result = ArmResult(arm=arm, trials=trials)
     loops = [t["loop_s"] for t in trials]
     result.loop_s = statistics.median(loops)
-    if bare is not None:
-        result.throughput_ratios = [b["loop_s"] / loop for b, loop in zip(bare.trials, loops, strict=False)]
+    if bare is not None:  # per step: the peer-to-peer arms may run fewer (--peer-steps)
+        result.throughput_ratios = [
+            (b["loop_s"] / _steps(b)) / (t["loop_s"] / _steps(t)) for b, t in zip(bare.trials, trials, strict=False)
+        ]
     else:
         result.throughput_ratios = [1.0 for _ in loops]
     result.throughput_ratio = statistics.median(result.throughput_ratios)
@@ -269,18 +286,28 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
     return result
 
 
-class Servers:
-    """The SeaweedFS server, started on first use and shared by the repeats of the S3 arm."""
+def _steps(trial: dict[str, Any]) -> int:
+    return int(trial["learners"][0]["steps"])
 
-    def __init__(self, workdir: Path) -> None:
+
+class Servers:
+    """The SeaweedFS server, started on first use and shared by the repeats of the S3 arm. In a
+    shaped link's namespace (``link_namespace``) its internal ports are exempted from the pipe:
+    only what the learners move to and from S3 crosses it (``testing.shaped_link``)."""
+
+    def __init__(self, workdir: Path, link_namespace: str | None = None) -> None:
         self._workdir = workdir
+        self._link_namespace = link_namespace
         self._seaweed: Any = None
 
     def seaweed(self) -> Any:
         if self._seaweed is None:
             from testing.seaweed import Seaweed
+            from testing.shaped_link import exempt_ports
 
             self._seaweed = Seaweed.start(self._workdir / "seaweed")
+            if self._link_namespace is not None:
+                exempt_ports(self._link_namespace, self._seaweed.internal_ports)
         return self._seaweed
 
     def stop(self) -> None:
@@ -312,6 +339,10 @@ def run_trial(
         gm_args += ["--grace-tau", str(args.grace_tau)]
     if args.knobs:
         gm_args += ["--knobs", args.knobs]
+    peer_steps = {"ddp": args.ddp_steps, "torchft": args.torchft_steps}.get(arm)
+    if peer_steps is not None:
+        steps_at = common.index("--steps") + 1
+        common = [*common[:steps_at], str(peer_steps), *common[steps_at + 1 :]]
     if arm == "bare":
         arm_args = ["--arm", "bare"]
     elif arm == "sync":
@@ -321,13 +352,15 @@ def run_trial(
         python = tf_python
         port = free_port()
         lighthouse_bin = Path(tf_python).parent / "torchft_lighthouse"
-        command = [str(lighthouse_bin), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(LEARNERS)]
+        command = [str(lighthouse_bin), "--bind", f"127.0.0.1:{port}", "--min_replicas", str(args.learners)]
         with (workdir / "lighthouse.log").open("w") as log:
             lighthouse = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         cleanup.append(lambda: (lighthouse.kill(), lighthouse.wait()))
         _wait_for_port(port, lighthouse)
         server_pid = lighthouse.pid
         arm_args = ["--arm", "torchft", "--lighthouse", f"http://127.0.0.1:{port}"]
+    elif arm == "ddp":
+        arm_args = ["--arm", "ddp", "--master-port", str(free_port())]
     elif arm == "gm-directory":
         arm_args = ["--arm", "gradientmail", "--mailbox", (workdir / "mailbox").as_uri(), *gm_args]
     else:
@@ -340,7 +373,7 @@ def run_trial(
         pin_process(server_pid, PLAN[0])
     try:
         cpu_before = process_cpu_s(server_pid) if server_pid else 0.0
-        learners = run_learners(workdir, python, arm_args, common, env, args.timeout)
+        learners = run_learners(workdir, python, arm_args, common, env, args.timeout, args.learners)
         server_cpu = process_cpu_s(server_pid) - cpu_before if server_pid else None
     finally:
         for step in reversed(cleanup):
@@ -369,12 +402,12 @@ def _mb(values: list[float]) -> str:
     return "/".join(f"{v / 1e6:.1f}" for v in values) if values else "—"
 
 
-def print_table(results: list[ArmResult], parameters: int, repeats: int) -> None:
+def print_table(results: list[ArmResult], parameters: int, repeats: int, learners: int) -> None:
     print(
-        f"\n{parameters:,} fp32 parameters ({4 * parameters / 1e6:.2f} MB), {LEARNERS} learners, medians of {repeats} repeat(s)"
+        f"\n{parameters:,} fp32 parameters ({4 * parameters / 1e6:.2f} MB), {learners} learners, medians of {repeats} repeat(s)"
     )
     if PLAN is None:
-        print(f"cores: not pinned ({os.cpu_count()} cores: a server core needs at least {LEARNERS + 1})")
+        print(f"cores: not pinned ({os.cpu_count()} cores: a server core needs at least {learners + 1})")
     else:
         print(f"cores: the server on {sorted(PLAN[0])}, the learners on {sorted(PLAN[1])}, in every arm")
     header = f"{'arm':<14}{'loop s':>8}{'× bare':>8}{'blocked ms/sync':>17}{'MB up/sync':>13}{'MB down/sync':>14}"
@@ -462,6 +495,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--hidden", type=int, default=1024, help="MLP width: 1024 is 1.64M parameters")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of every arm, interleaved; figures are medians")
+    parser.add_argument("--learners", type=int, default=LEARNERS, help="learner processes per arm")
+    parser.add_argument(
+        "--ddp-steps", type=int, default=None, help="steps of the ddp arm (default: --steps; throughput is per step)"
+    )
+    parser.add_argument(
+        "--torchft-steps", type=int, default=None, help="steps of the torchft arm (default: --steps; throughput is per step)"
+    )
+    parser.add_argument(
+        "--link-namespace",
+        default=None,
+        help="the shaped link this run is inside (testing.shaped_link): the S3 server's internal ports bypass its pipe",
+    )
     parser.add_argument("--poll", type=float, default=0.2, help="GradientMail's poll interval (s; its default: 0.2)")
     parser.add_argument("--quorum", type=int, default=1, help="GradientMail's quorum_size (its default: 1)")
     parser.add_argument("--merge", choices=["rda", "weighted_mean"], default="rda", help="GradientMail's merge (default: rda)")
@@ -485,6 +530,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.steps, args.sync_every, args.hidden, args.repeats = 40, 10, 128, 1
+    if args.learners < 2:
+        parser.error("--learners must be at least 2: the arms exchange between learners")
+    global PLAN
+    PLAN = machine_plan(args.learners)
     arms = [a for a in args.arms.split(",") if a and not (args.no_torchft and a == "torchft")]
     unknown = set(arms) - set(ARMS)
     if unknown:
@@ -498,12 +547,13 @@ def main(argv: list[str] | None = None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)  # a kept mailbox of an earlier run would be joined, not started afresh
     workdir.mkdir(parents=True, exist_ok=True)
     common = ["--steps", str(args.steps), "--sync-every", str(args.sync_every), "--batch", str(args.batch)]
-    common += ["--hidden", str(args.hidden), "--learners", str(LEARNERS)]
+    common += ["--hidden", str(args.hidden), "--learners", str(args.learners)]
     print(
-        f"steps {args.steps}, H {args.sync_every}, batch {args.batch}, {LEARNERS} learners, {args.repeats} repeat(s)", flush=True
+        f"steps {args.steps}, H {args.sync_every}, batch {args.batch}, {args.learners} learners, {args.repeats} repeat(s)",
+        flush=True,
     )
     trials: dict[str, list[dict[str, Any]]] = {arm: [] for arm in arms}
-    servers = Servers(workdir)
+    servers = Servers(workdir, args.link_namespace)
     try:
         for repeat in range(args.repeats):
             # bare first in every repeat, the others rotated so that no arm always follows the same one
@@ -520,7 +570,7 @@ def main(argv: list[str] | None = None) -> int:
     bare = summarise("bare", trials["bare"], None)
     results = {"bare": bare, **{arm: summarise(arm, trials[arm], bare) for arm in arms[1:]}}
     parameters = trials["bare"][0]["learners"][0]["parameters"]
-    print_table(list(results.values()), parameters, args.repeats)
+    print_table(list(results.values()), parameters, args.repeats, args.learners)
     judged_at = gm_setting(args)
     targets = verdicts(results, judged_at)
     print()
@@ -537,7 +587,7 @@ def main(argv: list[str] | None = None) -> int:
             "batch": args.batch,
             "hidden": args.hidden,
             "parameters": parameters,
-            "learners": LEARNERS,
+            "learners": args.learners,
             "repeats": args.repeats,
             "gradientmail": {
                 "poll_s": args.poll,

@@ -6,6 +6,9 @@ teacher network, one data stream per learner rank, batches drawn before the loop
 inner optimizer is AdamW; every H steps the exchange under test runs:
 
 * ``bare``: none; the reference loop.
+* ``ddp``: data-parallel, the step-by-step reference: ``DistributedDataParallel`` over gloo
+  (``--master-port`` on 127.0.0.1), every step's gradients all-reduced across the learners (each
+  on its own data stream, so the samples per step are the other arms'), one AdamW per rank.
 * ``torchft``: ``torchft.local_sgd.DiLoCo`` around the inner optimizer, a ``torchft.Manager``
   (one replica group of one rank per process, gloo, synchronous quorum) against a lighthouse;
   outer step SGD(lr 0.7, momentum 0.9, nesterov). Needs torchft: runs in its own environment.
@@ -167,6 +170,33 @@ def run_sync(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str
     clock.loop_cpu_s = time.process_time() - cpu0
     syncs = args.steps // args.sync_every
     return {"losses": losses, "eval_loss": evaluate(glob), "committed_syncs": syncs, "bytes_up": 0, "bytes_down": 0}
+
+
+def run_ddp(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str, Any]:
+    """Data-parallel: gloo's ring all-reduce of every step's gradients, overlapped with the
+    backward pass by DDP's buckets. The exchange's time is not split from the step's (it runs
+    inside ``backward``), so the arm has a throughput and a loss, no blocked time."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{args.master_port}",
+        rank=args.rank,
+        world_size=args.learners,
+        timeout=timedelta(seconds=300),
+    )
+    try:
+        model = DistributedDataParallel(build_model(args.hidden))
+        optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+        _wait_for_go(args.ready, args.go)
+        losses = _train(model, optimizer, batches, clock)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    parameters = sum(p.numel() for p in model.parameters())
+    ring = args.steps * 2 * (args.learners - 1) / args.learners * 4 * parameters  # every step, each way
+    return {"losses": losses, "eval_loss": evaluate(model.module), "bytes_up": ring, "bytes_down": ring}
 
 
 def run_torchft(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str, Any]:
@@ -369,7 +399,7 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.peer_worker")
-    parser.add_argument("--arm", choices=["bare", "sync", "torchft", "gradientmail"], required=True)
+    parser.add_argument("--arm", choices=["bare", "sync", "ddp", "torchft", "gradientmail"], required=True)
     parser.add_argument("--rank", type=int, default=0, help="this learner's index: picks its data stream")
     parser.add_argument("--learners", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200)
@@ -388,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-tau", type=float, default=None, help="gradientmail: grace_tau")
     parser.add_argument("--knobs", default=None, help="gradientmail: more gm.DiLoCo fields, as JSON")
     parser.add_argument("--lighthouse", default=None, help="torchft: the lighthouse address, http://HOST:PORT")
+    parser.add_argument("--master-port", type=int, default=None, help="ddp: the rendezvous port on 127.0.0.1 (rank 0's)")
     parser.add_argument("--ready", type=Path, required=True)
     parser.add_argument("--go", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
@@ -395,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     batches = make_batches(1 + args.rank, args.steps, args.batch)
     clock = _Clock()
-    runner = {"bare": run_bare, "sync": run_sync, "torchft": run_torchft, "gradientmail": run_gradientmail}[args.arm]
+    runners = {"bare": run_bare, "sync": run_sync, "ddp": run_ddp, "torchft": run_torchft, "gradientmail": run_gradientmail}
+    runner = runners[args.arm]
     result = runner(args, batches, clock)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     result.update(

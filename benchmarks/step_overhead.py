@@ -33,17 +33,25 @@ plus a plain write and fsync of a new file per byte written, a copy plus a hash 
 part of a sync), and the learner's CPU outside the kernel (user seconds, the exchange's own code)
 is printed against copy + hash too.
 
+``--mailbox s3`` runs the session arm on a loopback SeaweedFS server started for the run (one
+bucket prefix per session run) instead of a directory: a blob then goes to a socket, not into a new
+file's page-cache pages, and the store's floor is plain boto3 (``put_object`` of a new object plus
+the run's hash per byte written, ``get_object`` plus the hash per byte read), measured in this
+process right after each session run. The server shares the machine's cores with the loop, as a
+learner co-located with its bucket would; its own CPU is not the learner's and is not counted.
+
 ``--memory retained`` runs the whole process (bare loop and session alike) with
 ``gm.retain_freed_memory()`` applied first, as a ``gradientmail node`` runs; the default,
 ``returned``, is a user's own script that does not call it.
 
-Run: ``python -m benchmarks.step_overhead [--quick] [--memory retained|returned] [--json PATH]``; the JSON goes to
-``runs/step-overhead-<UTC time>/result.json`` unless ``--json`` names another path.
+Run: ``python -m benchmarks.step_overhead [--quick] [--mailbox directory|s3] [--memory retained|returned]
+[--json PATH]``; the JSON goes to ``runs/step-overhead-<UTC time>/result.json`` unless ``--json`` names another path.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing as mp
@@ -66,6 +74,7 @@ from benchmarks.targets import DEFAULTS, MIN_RUNS, at_least, at_most, informatio
 from gradientmail.digests import DEFAULT_BLOB_DIGEST, DigestName, hex_digest
 from gradientmail.mailbox import ForwardingMailbox, Mailbox
 from gradientmail.mailbox.base import Gathered
+from testing.seaweed import Seaweed
 
 IDLE_STEPS = 200_000
 FRAGMENTS = 4
@@ -81,6 +90,11 @@ SYNC_CPU_TARGET = 1.5
 LEARNER_THREADS = ("MainThread", "gm-exchange", "gm-lease")
 """Thread families that are the learner's side of a session (MainThread: only its time in step())."""
 SYNCER_THREADS = ("gm-syncer", "gm-election", "gm-fetch", "gm-kernel", "gm-commit")
+FLOORS = {
+    "directory": f"{HASH} + write + fsync of a new file per byte written, copy + {HASH} per byte read",
+    "s3": f"plain boto3 put_object + {HASH} per byte written, get_object + {HASH} per byte read",
+}
+"""The store's own floor a sync's CPU is also set against, by ``--mailbox``."""
 DISTURBED = 1.05
 """A pair whose session ran this much faster than its bare loop says the bare loop was slowed by
 something else (a session only adds work): such a run gives no verdict."""
@@ -94,7 +108,8 @@ def per_step(loop: Callable[[int], None], steps: int) -> float:
 
 def idle_overhead() -> dict[str, float]:
     model = {"w": np.zeros((64, 64), np.float32)}
-    algorithm = gm.DiLoCo(sync_every=10**9)  # nothing comes due during the measurement
+    # nothing comes due during the measurement, and no syncer runs: nothing to publish at close either
+    algorithm = gm.DiLoCo(sync_every=10**9, flush_on_close=False)
     options = gm.SessionOptions(run_syncer=False)
     with gm.Session(model, algorithm=algorithm, mailbox=gm.MemoryMailbox(), learner_id="bench", options=options) as session:
 
@@ -200,11 +215,12 @@ def copy_and_hash_s(size: int, digest: DigestName = HASH, repeats: int = 5) -> f
     return statistics.median(times)
 
 
-def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> float:
-    """CPU seconds of one hash (the run's) plus one plain ``write`` and ``fsync`` of ``size`` bytes into a
-    new file beside a run's blobs (kept until the last is written, as a run keeps its blobs): the
-    least a blob costs the directory store on this machine at that moment, page-cache pages
-    included, median of ``repeats``."""
+def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> tuple[float, float]:
+    """CPU seconds per byte of one hash (the run's) plus one plain ``write`` and ``fsync`` of ``size``
+    bytes into a new file beside a run's blobs (kept until the last is written, as a run keeps its
+    blobs), and of one copy plus one hash per byte read (reads come from the page cache): the least
+    a blob costs the directory store on this machine at that moment, page-cache pages included,
+    median of ``repeats``."""
     source = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
     directory.mkdir(parents=True, exist_ok=True)
     times, paths = [], [directory / f"floor-{i}" for i in range(repeats)]
@@ -217,10 +233,32 @@ def file_write_and_hash_s(size: int, directory: Path, repeats: int = 5) -> float
         times.append(time.thread_time() - started)
     for path in paths:
         path.unlink()
-    return statistics.median(times)
+    return statistics.median(times) / size, copy_and_hash_s(size) / size
 
 
-def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float) -> dict[str, Any]:
+def s3_put_and_get_s(size: int, server: Seaweed, prefix: str, repeats: int = 5) -> tuple[float, float]:
+    """CPU seconds per byte, in this thread, of plain boto3 writing ``size`` bytes as a new object
+    (``put_object``) plus one hash (the run's), and of reading it back (``get_object``) plus one
+    hash: the least a blob costs a learner on this S3 server, median of ``repeats``."""
+    client = server.client()
+    bucket = server.server.bucket
+    body = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8).tobytes()
+    puts, gets = [], []
+    for i in range(repeats):
+        key = f"{prefix}/floor-{i}"
+        started = time.thread_time()
+        hex_digest(HASH, body)
+        client.put_object(Bucket=bucket, Key=key, Body=body)
+        puts.append(time.thread_time() - started)
+        started = time.thread_time()
+        hex_digest(HASH, client.get_object(Bucket=bucket, Key=key)["Body"].read())
+        gets.append(time.thread_time() - started)
+        client.delete_object(Bucket=bucket, Key=key)
+    return statistics.median(puts) / size, statistics.median(gets) / size
+
+
+def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float, server: Seaweed | None) -> dict[str, Any]:
+    """One session arm: a directory mailbox at ``root``, or (``server``) a fresh prefix on it."""
     model = build_model()
     train_step = trainer(model)
     for _ in range(3):
@@ -229,7 +267,8 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
     options = gm.SessionOptions(poll_interval_s=poll_interval_s, lease_ttl_s=max(10.0, 3 * poll_interval_s))
     in_step: list[float] = []
     in_step_cpu = 0.0
-    mailbox = BlobBytesByThread(gm.FileMailbox(str(root)))
+    store: Mailbox = gm.FileMailbox(str(root)) if server is None else gm.open_mailbox(server.server.url(root.name))
+    mailbox = BlobBytesByThread(store)
     with gm.Session(model, algorithm=algorithm, mailbox=mailbox, learner_id="learner-a", options=options) as session:
         mailbox.reset()
         with ThreadCpu() as threads:
@@ -245,7 +284,10 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
         latencies = session.publish_to_commit_s
         contributions, alignments = session.stats.contributions, session.stats.alignments
     fragment = fragment_bytes(model)
-    file_floor_s = file_write_and_hash_s(fragment, root / "floor")  # beside the run's blobs, still there
+    if server is None:  # beside the run's blobs, still there
+        write_floor, read_floor = file_write_and_hash_s(fragment, root / "floor")
+    else:
+        write_floor, read_floor = s3_put_and_get_s(fragment, server, f"{root.name}-floor")
     groups = threads.by_group()
     groups["MainThread"] = in_step_cpu  # the training thread's share: its time inside step()
     system = threads.system_by_group()
@@ -261,7 +303,8 @@ def session_run(steps: int, sync_every: int, root: Path, poll_interval_s: float)
         "learner_read": sum(read.get(name, 0) for name in LEARNER_THREADS),
         "learner_written": sum(written.get(name, 0) for name in LEARNER_THREADS),
         "uploads": mailbox.writes.get("gm-exchange", 0),
-        "file_floor_s_per_byte": file_floor_s / fragment,
+        "floor_write_s_per_byte": write_floor,
+        "floor_read_s_per_byte": read_floor,
         "syncer_cpu_s": sum(groups.get(name, 0.0) for name in SYNCER_THREADS),
         "syncer_read": sum(read.get(name, 0) for name in SYNCER_THREADS),
         "syncer_written": sum(written.get(name, 0) for name in SYNCER_THREADS),
@@ -285,12 +328,13 @@ def quantiles(values: list[float]) -> dict[str, float | None]:
     return {"median": statistics.median(ordered), "p90": p90, "n": len(ordered)}
 
 
-def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -> dict[str, Any]:
+def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float, server: Seaweed | None) -> dict[str, Any]:
     bares, sessions = [], []
     with tempfile.TemporaryDirectory(prefix="gm-step-overhead-") as tmp:
         for attempt in range(repeats):  # interleaved: drift on a shared machine hits both arms
             bares.append(bare_run(steps))
-            sessions.append(session_run(steps, sync_every, Path(tmp) / f"h{sync_every}-{attempt}", poll_interval_s))
+            place = Path(tmp) / f"h{sync_every}-{attempt}"
+            sessions.append(session_run(steps, sync_every, place, poll_interval_s, server))
     # the reference, in the same process after the runs
     fragment = fragment_bytes(build_model())
     copy_s_per_byte = copy_and_hash_s(fragment) / fragment
@@ -322,10 +366,10 @@ def goodput(sync_every: int, steps: int, repeats: int, poll_interval_s: float) -
         "learner_sha256_ratios": [s["learner"]["sha256_ratio"] for s in syncs],
         "sync_cpu": syncs,
         "learner_sync_ratios": [s["learner"]["ratio"] for s in syncs],
-        "learner_file_floor_ratios": [s["learner"]["file_floor_ratio"] for s in syncs],
+        "learner_store_floor_ratios": [s["learner"]["store_floor_ratio"] for s in syncs],
         "learner_user_ratios": [s["learner"]["user_ratio"] for s in syncs],
         "syncer_round_ratios": [s["syncer"]["ratio"] for s in syncs],
-        "syncer_file_floor_ratios": [s["syncer"]["file_floor_ratio"] for s in syncs],
+        "syncer_store_floor_ratios": [s["syncer"]["store_floor_ratio"] for s in syncs],
     }
 
 
@@ -339,7 +383,7 @@ def sync_cpu(run: dict[str, Any], copy_s_per_byte: float, copy_sha256_s_per_byte
     for side in ("learner", "syncer"):
         cpu, read, written = run[f"{side}_cpu_s"], run[f"{side}_read"], run[f"{side}_written"]
         reference = copy_s_per_byte * (read + written)
-        file_floor = copy_s_per_byte * read + run["file_floor_s_per_byte"] * written  # reads come from the page cache
+        store_floor = run["floor_read_s_per_byte"] * read + run["floor_write_s_per_byte"] * written
         figures[side] = {
             "cpu_ms": cpu / syncs * 1e3,
             "system_ms": run[f"{side}_system_s"] / syncs * 1e3,
@@ -349,10 +393,11 @@ def sync_cpu(run: dict[str, Any], copy_s_per_byte: float, copy_sha256_s_per_byte
             "ratio": cpu / max(reference, 1e-12),
             "sha256_ratio": cpu / max(copy_sha256_s_per_byte * (read + written), 1e-12),
             "user_ratio": (cpu - run[f"{side}_system_s"]) / max(reference, 1e-12),
-            "file_floor_ms": file_floor / syncs * 1e3,
-            "file_floor_ratio": cpu / max(file_floor, 1e-12),
+            "store_floor_ms": store_floor / syncs * 1e3,
+            "store_floor_ratio": cpu / max(store_floor, 1e-12),
         }
-    figures["file_floor_gb_s"] = 1e-9 / run["file_floor_s_per_byte"]
+    figures["store_floor_write_gb_s"] = 1e-9 / run["floor_write_s_per_byte"]
+    figures["store_floor_read_gb_s"] = 1e-9 / run["floor_read_s_per_byte"]
     figures["threads_cpu_ms"] = {name: cpu / syncs * 1e3 for name, cpu in run["threads_cpu_s"].items()}
     figures["missed_cpu_ms"] = run["missed_cpu_s"] / syncs * 1e3
     return figures
@@ -450,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--second-learner", action="store_true", help="also measure latency with a learner in another process")
     parser.add_argument("--latency-only", action="store_true", help="skip the goodput runs (idle and small-model latency)")
     parser.add_argument("--only", type=int, action="append", default=None, help="only this H (repeatable)")
+    parser.add_argument(
+        "--mailbox", choices=tuple(FLOORS), default="directory", help="the session arm's store (s3: a loopback SeaweedFS)"
+    )
     add_memory_option(parser, default="returned")  # a user's own training script, unless it calls gm.retain_freed_memory()
     args = parser.parse_args(argv)
     retained = apply_memory_option(args.memory)  # before torch starts its threads
@@ -465,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads, "python": sys.version.split()[0]},
         "model": {"parameters": sum(p.numel() for p in build_model().parameters()), "fragments": FRAGMENTS},
         "poll_interval_s": args.poll_interval,
+        "mailbox": args.mailbox,
         "memory": {"setting": args.memory, "retained": retained},
     }
     idle_runs = [idle_overhead() for _ in range(MIN_RUNS)]
@@ -476,9 +525,18 @@ def main(argv: list[str] | None = None) -> int:
         f"median of {len(idle_runs)}  (target ≤ {IDLE_TARGET_US} µs)"
     )
     result["goodput"] = {}
-    for sync_every, steps in plan.items():
-        figures = goodput(sync_every, steps, repeats, args.poll_interval)
-        result["goodput"][str(sync_every)] = figures
+    mailbox = args.mailbox
+    with contextlib.ExitStack() as stack:
+        server = None
+        if mailbox == "s3" and plan:
+            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gm-step-overhead-s3-")))
+            server = Seaweed.start(scratch, bucket="gradientmail-step-overhead")
+            stack.callback(server.stop)
+            os.environ.update(server.server.env)
+        for sync_every, steps in plan.items():
+            result["goodput"][str(sync_every)] = goodput(sync_every, steps, repeats, args.poll_interval, server)
+    for key, figures in result["goodput"].items():
+        sync_every = int(key)
         lat = figures["latency_s"]
         print(
             f"H={sync_every:<4d} bare {figures['bare_step_ms']:7.2f} ms/step  session {figures['session_step_ms']:7.2f} ms/step  "
@@ -499,11 +557,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"{side} {f['cpu_ms']:.0f} CPU-ms ({f['system_ms']:.0f} of it the kernel's; "
                 f"read {f['read_mb']:.1f} MB, wrote {f['written_mb']:.1f} MB) "
                 f"= {f['ratio']:.2f}x copy+{HASH} ({f['reference_ms']:.0f} ms; {f['sha256_ratio']:.2f}x copy+sha256), "
-                f"{f['file_floor_ratio']:.2f}x the file floor ({f['file_floor_ms']:.0f} ms)"
+                f"{f['store_floor_ratio']:.2f}x the store's floor ({f['store_floor_ms']:.0f} ms)"
                 for side, f in ((side, sync[side]) for side in ("learner", "syncer"))
             )
             threads = ", ".join(f"{name} {ms:.0f}" for name, ms in sync["threads_cpu_ms"].items() if ms >= 1)
-            print(f"        per sync (file floor: {HASH} + write + fsync of a new file at {sync['file_floor_gb_s']:.2f} GB/s):")
+            print(
+                f"        per sync (the store's floor, {FLOORS[mailbox]}: "
+                f"written at {sync['store_floor_write_gb_s']:.2f} GB/s, read at {sync['store_floor_read_gb_s']:.2f} GB/s):"
+            )
             print(f"          {sides}; threads (CPU-ms) {threads}; unsampled {sync['missed_cpu_ms']:.0f}")
         if lat["n"]:
             print(f"        publish-to-commit median {lat['median'] * 1e3:.0f} ms  p90 {lat['p90'] * 1e3:.0f} ms  (n={lat['n']})")
@@ -537,13 +598,14 @@ def main(argv: list[str] | None = None) -> int:
             at_most(IDLE_TARGET_US),
         )
     ]
+    where = "" if mailbox == "directory" else f" ({mailbox})"
     for sync_every, target in TARGETS.items():
         figures = result["goodput"].get(str(sync_every))
         if figures is not None:  # the measured wall time decides; the training thread's ratio is computed
             fastest = max(figures["ratios_paired"])
             verdicts.append(
                 verdict(
-                    f"H={sync_every} wall time ≥ {target:g}× the bare loop",
+                    f"H={sync_every}{where} wall time ≥ {target:g}× the bare loop",
                     figures["ratios_paired"],
                     at_least(target),
                     detail=f"best pair {figures['ratio']:.4f}",
@@ -552,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             verdicts.append(
                 verdict(
-                    f"H={sync_every} learner CPU per sync ≤ {SYNC_CPU_TARGET:g}× one copy + one {HASH} of its bytes",
+                    f"H={sync_every}{where} learner CPU per sync ≤ {SYNC_CPU_TARGET:g}× one copy + one {HASH} of its bytes",
                     figures["learner_sync_ratios"],
                     at_most(SYNC_CPU_TARGET),
                     detail=f"copy+{HASH} at {figures['copy_and_hash_gb_s']:.2f} GB/s in this run",
@@ -560,36 +622,36 @@ def main(argv: list[str] | None = None) -> int:
             )
             verdicts.append(
                 information(
-                    f"H={sync_every} learner CPU per sync ÷ one copy + one sha256 of its bytes",
+                    f"H={sync_every}{where} learner CPU per sync ÷ one copy + one sha256 of its bytes",
                     figures["learner_sha256_ratios"],
                     why=f"the reference before runs named BLAKE3 (copy+sha256 at {figures['copy_and_sha256_gb_s']:.2f} GB/s)",
                 )
             )
             verdicts.append(
                 information(
-                    f"H={sync_every} learner CPU per sync ÷ the directory store's floor (new files written, copies read)",
-                    figures["learner_file_floor_ratios"],
+                    f"H={sync_every}{where} learner CPU per sync ÷ the store's floor ({FLOORS[mailbox]})",
+                    figures["learner_store_floor_ratios"],
                     why="the store's own floor in the same run; the target is set against a copy",
                 )
             )
             verdicts.append(
                 information(
-                    f"H={sync_every} learner CPU per sync outside the kernel ÷ one copy + one {HASH} of its bytes",
+                    f"H={sync_every}{where} learner CPU per sync outside the kernel ÷ one copy + one {HASH} of its bytes",
                     figures["learner_user_ratios"],
-                    why="the exchange's own code: the kernel's share is mostly the page cache's new pages",
+                    why="the exchange's own code: on a directory the kernel's share is mostly the page cache's new pages",
                 )
             )
-            for floor, key in ((f"copy + {HASH}", "syncer_round_ratios"), ("the file floor", "syncer_file_floor_ratios")):
+            for floor, key in ((f"copy + {HASH}", "syncer_round_ratios"), ("the store's floor", "syncer_store_floor_ratios")):
                 verdicts.append(
                     information(
-                        f"H={sync_every} syncer CPU per round ÷ {floor} of its bytes",
+                        f"H={sync_every}{where} syncer CPU per round ÷ {floor} of its bytes",
                         figures[key],
                         why="the syncer runs in this process; the learner's share is the target",
                     )
                 )
             verdicts.append(
                 information(
-                    f"H={sync_every} training thread (computed: bare ÷ (bare + time in step()))",
+                    f"H={sync_every}{where} training thread (computed: bare ÷ (bare + time in step()))",
                     figures["training_thread_ratio"],
                     why="computed, not measured wall time",
                 )

@@ -163,6 +163,13 @@ class Seaweed:
         return instance
 
     @property
+    def internal_ports(self) -> list[int]:
+        """The ports of the server's own parts (master, volume, filer, gRPC, admin): everything but
+        S3's. A shaped link exempts them (``testing.shaped_link``): each object crosses them again
+        inside the server, which a real deployment keeps within its own data centre."""
+        return [port for port in self._ports if port != self.server.port]
+
+    @property
     def command_line(self) -> list[str]:
         return list(self.process.args)  # type: ignore[arg-type]
 
