@@ -161,7 +161,11 @@ def rows_of(rate: float, runs: dict[str, dict[str, Any]]) -> list[Row]:
                 steps=steps,
                 full_steps=full,
                 crossed_mb=runs[setting]["crossed_bytes"] / 1e6,
-                extra={"bytes_up_per_sync": found["bytes_up_per_sync"], "bytes_down_per_sync": found["bytes_down_per_sync"]},
+                extra={
+                    "bytes_up_per_sync": found["bytes_up_per_sync"],
+                    "bytes_down_per_sync": found["bytes_down_per_sync"],
+                    "bytes_per_contribution": found.get("bytes_per_contribution"),
+                },
             )
         )
     return rows

@@ -119,6 +119,9 @@ class ArmResult:
     references (bare, sync)."""
     requests_per_sync: list[float] = field(default_factory=list)
     """GradientMail: mailbox requests per sync per learner (every kind: polls, leases, payloads), most first."""
+    bytes_per_contribution: float | None = None
+    """GradientMail: a learner's published pseudo-gradient bytes ÷ its contributions (median over
+    repeats of the mean over learners): what one delta costs on the wire, whichever node ran the syncer."""
     align_lag_steps: float | None = None
     """GradientMail: median steps from publishing a round (step v × H) to training on its commit."""
 
@@ -273,6 +276,9 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
     if arm.startswith("gm"):
         requests = [sorted((r["mailbox_requests"] / syncs for r in t["learners"]), reverse=True) for t in trials]
         result.requests_per_sync = [statistics.median(column) for column in zip(*requests, strict=True)]
+        result.bytes_per_contribution = statistics.median(
+            statistics.mean(r["bytes_published"] / max(1, r["contributions"]) for r in t["learners"]) for t in trials
+        )
     losses = []
     for t in trials:
         newest = max(t["learners"], key=lambda r: (r.get("versions", {}).get("0", 0), -r["eval_loss"]))
