@@ -35,9 +35,10 @@ from gradientmail.errors import GradientMailError, KeyNotFound
 from gradientmail.mailbox import open_mailbox
 from gradientmail.records import Lease, keys
 from gradientmail.records.auth import RunKey, generate_run_key
-from gradientmail.regime import RECENT_ROUNDS, carried_work_hint, measure_work_loss, work_loss_hint
+from gradientmail.regime import RECENT_ROUNDS, carried_work_hint, link_hint, measure_work_loss, work_loss_hint
 from gradientmail.session.ledger import ledger_lines
 from gradientmail.session.progress import LEDGER
+from gradientmail.session.transfer_meter import LINK, LinkReading
 from gradientmail.settings import describe_variables
 from gradientmail.simulate import command as simulate_command
 from gradientmail.store import RunSpec, RunStore
@@ -93,6 +94,7 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
         state = "released" if lease.released else f"renewed {_age(lease)}"
         print(f"syncer: {lease.holder} (term {lease.term}, {state}, run ttl {spec.lease_ttl_s:g}s)")
     print("learners:")
+    link_hints = []
     for key in store.leases.learner_keys():
         found = store.leases.read(key)
         if found is None:
@@ -102,10 +104,16 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
             continue
         lease = found.lease
         state = "left" if lease.released else f"renewed {_age(lease)}"
-        info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()) if k != LEDGER)
+        info = " ".join(f"{k}={v}" for k, v in sorted(lease.info.items()) if k not in (LEDGER, LINK))
         print(f"  {lease.holder:<24} {state}  {info}")
         for line in ledger_lines(lease.info.get(LEDGER)):
             print(f"    {line}")
+        if LINK in lease.info:
+            reading = LinkReading.from_info(lease.info[LINK])
+            print(f"    {reading.describe() if reading is not None else 'link: unreadable'}")
+            hint = link_hint(lease.holder, reading, spec) if reading is not None and not lease.released else None
+            if hint is not None:
+                link_hints.append(hint)
     for fragment, names in enumerate(spec.fragments):
         versions = store.committed_versions(fragment)
         newest = versions[-1] if versions else None
@@ -132,7 +140,7 @@ def _print_status(store: RunStore, spec: RunSpec, rounds: int) -> None:
             except GradientMailError:
                 continue  # shown as UNREADABLE above, or collected meanwhile
     loss = measure_work_loss(recent)
-    for hint in (work_loss_hint(loss, algorithm), carried_work_hint(loss, algorithm)):
+    for hint in (work_loss_hint(loss, algorithm), carried_work_hint(loss, algorithm), *link_hints):
         if hint is not None:
             print(hint)
 

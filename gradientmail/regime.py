@@ -3,18 +3,37 @@
 A run whose rounds close before the other learners' contributions arrive (steps short next to
 the mailbox's round trip, a learner much slower than the rest) still commits, so nothing fails;
 it only trains worse than it could, down to worse than one learner alone. ``gradientmail status``
-and the main job print :func:`work_loss_hint` so that a user sees it, and what to set.
+and the main job print :func:`work_loss_hint` so that a user sees it, and what to set. A learner
+whose link cannot carry a period's transfers (``session.transfer_meter``, in its lease) gets
+:func:`link_hint` in ``gradientmail status``: the lighter form or the ``sync_every`` that fits.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gradientmail.algorithms.diloco import DiLoCo
+from gradientmail.backends.payload import numpy_dtype
+from gradientmail.backends.quantize import Codec
+from gradientmail.backends.sparse import SparseCodec
 from gradientmail.records import RoundRecord
+from gradientmail.session.transfer_meter import LinkReading
+from gradientmail.store import RunSpec
 
-__all__ = ["CARRIED_SHARE", "MERGED_SHARE_TARGET", "WorkLoss", "carried_work_hint", "measure_work_loss", "work_loss_hint"]
+__all__ = [
+    "CARRIED_SHARE",
+    "LINK_BUSY",
+    "LINK_FIT",
+    "MERGED_SHARE_TARGET",
+    "WorkLoss",
+    "carried_work_hint",
+    "contribution_bytes",
+    "link_hint",
+    "measure_work_loss",
+    "work_loss_hint",
+]
 
 MERGED_SHARE_TARGET = 0.97
 """Share of learner steps that should reach a commit (docs/benchmarks.md's target)."""
@@ -25,6 +44,11 @@ STALE_SHARE = 0.1
 CARRIED_SHARE = 0.5
 """Share of merged steps trained before their learner had the round's base above which commits
 reach learners about a round late (the torchft side-by-side: 70-100 %)."""
+LINK_BUSY = 0.8
+"""Share of a sync period a learner's transfers need (``session.transfer_meter``) above which the
+link is the bottleneck: the next contribution waits behind the last one's upload."""
+LINK_FIT = 0.5
+"""Share a suggested setting should bring the transfers down to (room for a slower period)."""
 
 
 @dataclass(frozen=True)
@@ -111,3 +135,59 @@ def carried_work_hint(loss: WorkLoss, algorithm: DiLoCo) -> str | None:
             "trains closer to lock-step"
         )
     return f"commits arrive about a round late ({seen}); {change}"
+
+
+def contribution_bytes(spec: RunSpec, codec: Codec | SparseCodec | None) -> int:
+    """Payload bytes of one contribution of every fragment in the form ``codec`` (None: the
+    run's ``delta_dtype``), headers left out."""
+    if codec is None:
+        return sum(p.numel * numpy_dtype(spec.delta_dtype(name)).itemsize for name, p in spec.parameters.items())
+    return sum(codec.nbytes(p.numel) for p in spec.parameters.values())
+
+
+def _lighter_deltas(spec: RunSpec) -> list[tuple[str, Codec | SparseCodec]]:
+    """The contribution forms lighter than the run's, lightest last, as the setting that picks each."""
+    algorithm = spec.algorithm
+    ladder: list[tuple[str, Codec | SparseCodec]] = [
+        (f'delta_quantization="{form}" (GRADIENTMAIL_DELTA_QUANTIZATION={form})', Codec(form, algorithm.quantization_block))
+        for form in ("int8", "int4", "int2")
+    ]
+    k = algorithm.sparsity_chunk // 64
+    if k >= 8:  # SparseLoCo's 1/64, values int2
+        setting = "delta_sparsity=0.015625 (GRADIENTMAIL_DELTA_SPARSITY=0.015625)"
+        ladder.append((setting, SparseCodec(k, algorithm.sparsity_chunk)))
+    now = contribution_bytes(spec, algorithm.delta_codec)
+    return [(setting, codec) for setting, codec in ladder if contribution_bytes(spec, codec) < now]
+
+
+def link_hint(holder: str, reading: LinkReading, spec: RunSpec) -> str | None:
+    """One line when ``holder``'s transfers need at least ``LINK_BUSY`` of a sync period
+    (``session.transfer_meter``): the link is the bottleneck, with the lightest change
+    that would bring them to ``LINK_FIT``: a lighter contribution form when uploads dominate, a
+    compact commit form when fetches do, and the ``sync_every`` that spreads the same bytes
+    thin enough. None below ``LINK_BUSY``."""
+    if reading.busy_share < LINK_BUSY:
+        return None
+    algorithm = spec.algorithm
+    seen = (
+        f"{holder}: the link is the bottleneck: a sync period's transfers need {100 * reading.busy_share:.0f} % of its "
+        f"{reading.period_s:.3g} s ({100 * reading.up_share:.0f} % uploading contributions, "
+        f"{100 * reading.down_share:.0f} % fetching commits), so contributions wait behind each other"
+    )
+    changes = []
+    if reading.up_share >= reading.down_share:
+        now = contribution_bytes(spec, algorithm.delta_codec)
+        lighter = _lighter_deltas(spec)
+        for setting, codec in lighter:
+            ratio = contribution_bytes(spec, codec) / now
+            if reading.up_share * ratio + reading.down_share <= LINK_FIT or codec is lighter[-1][1]:
+                changes.append(f"{setting}: {ratio:.2f}× the bytes per contribution")
+                break
+    elif algorithm.update_codec is None:
+        changes.append(
+            'update_quantization="int4" (GRADIENTMAIL_UPDATE_QUANTIZATION=int4): a learner one version behind '
+            "fetches each commit as its int4 change"
+        )
+    every = math.ceil(algorithm.sync_every * reading.busy_share / LINK_FIT)
+    changes.append(f"sync_every={every} (GRADIENTMAIL_SYNC_EVERY={every}): the same transfers over more steps")
+    return f'{seen}; set {", or ".join(changes)} (docs/operations.md, "A thin link")'

@@ -41,6 +41,7 @@ from gradientmail.session.commit_reader import CommitReader
 from gradientmail.session.feedback import encode_delta, settle_residual
 from gradientmail.session.fragment import Commit, LearnerFragment, Publication
 from gradientmail.session.looking import FragmentSeen, LearnerLooking, LearnerSchedule, Look
+from gradientmail.session.transfer_meter import TransferMeter
 from gradientmail.store import CommittedVersion, LearnerLease, LeaseRead, RoundsBulletin, RunSpec, RunStore
 from gradientmail.store.store_clock import StoreClock
 from gradientmail.syncer.rounds import Handed
@@ -141,6 +142,8 @@ class Exchange:
         self.bytes_published = 0
         self.commits = CommitReader(store, spec, learner_id)
         """How commits are read (whole, or rebuilt from compact updates) and what that fetched."""
+        self.transfers = TransferMeter(clock, len(self._fragments))
+        """What share of a sync period the uploads and commit reads need (``session.transfer_meter``)."""
         self._codec = spec.algorithm.delta_codec
         self._feedback = self._codec is not None and learner.error_feedback
 
@@ -323,6 +326,14 @@ class Exchange:
                 self._outbox.task_done()
 
     def _upload(self, publication: Publication) -> None:
+        token, size = self.transfers.begin("up"), 0
+        try:
+            size = self._publish(publication)
+        finally:
+            self.transfers.end(token, size)
+
+    def _publish(self, publication: Publication) -> int:
+        """Compute, encode and upload one contribution; its payload's bytes."""
         fragment = self._fragments[publication.fragment]
         try:  # the snapshot is held from publish() until here, or while its round may merge it
             delta = align.pseudo_gradient(publication.anchor, publication.snapshot.arrays, self._spec.delta_dtype)
@@ -350,6 +361,7 @@ class Exchange:
             # the arrays encoded into the payload, for this node's syncer (a quantized payload: none)
             handed = Handed(published.key, published.record, _read_only(delta)) if self._codec is None else None
             self._on_published(fragment.index, handed)
+        return published.size_bytes
 
     def _fetch_commits(self, indices: list[int], *, from_head: bool = False) -> None:
         # Probing forward from what we know is the cheap common case; ``from_head`` starts from
@@ -364,8 +376,12 @@ class Exchange:
                 found = self._store.newest_version(index, known=known, from_head=from_head)
                 if found is None or found <= known:
                     continue
-                newest, record = found, self._store.read_round(index, found)
-                params = self.commits.read(index, known, fragment.known_params, record)
+                token, before = self.transfers.begin("down"), self.commits.bytes_fetched
+                try:
+                    newest, record = found, self._store.read_round(index, found)
+                    params = self.commits.read(index, known, fragment.known_params, record)
+                finally:
+                    self.transfers.end(token, self.commits.bytes_fetched - before)
             if self._writes_commits:  # the learner writes them as they are: spare it a copy
                 params = _writable(params)
             built_on = self._round_built_on(index, known, newest, record)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from gradientmail.session.fragment import LearnerFragment
 from gradientmail.session.ledger import LedgerView
 from gradientmail.session.looking import LearnerSchedule
+from gradientmail.session.transfer_meter import LINK, LinkReading
 from gradientmail.store import TRAINING
 from gradientmail.syncer.assignment import CLOSES
 
@@ -45,13 +46,15 @@ def lease_info(
     serving: bool,
     next_due: int | None,
     ledger: Sequence[LedgerView] = (),
+    link: LinkReading | None = None,
 ) -> dict[str, object]:
     """Progress shown in a learner's lease (read by the CLI and telemetry), and when its next
     contribution is due: ``due_in_s``, seconds from the renewal at its current step time (the
     elected syncer lists contributions at the regular pace around then; a hint only, absent
     before the step time is known and once the contribution is due). ``next_due``: None while
     the session is not open. ``ledger``: each fragment's step ledger (``gradientmail status``
-    prints it)."""
+    prints it). ``link``: what share of a sync period its transfers need
+    (``session.transfer_meter``; ``gradientmail status`` says when the link is the bottleneck)."""
     info: dict[str, object] = {
         "step": steps,
         "step_time_s": round(step_time_s or 0.0, 6),
@@ -59,6 +62,8 @@ def lease_info(
     }
     if ledger:
         info[LEDGER] = [view.as_json() for view in ledger]
+    if link is not None:
+        info[LINK] = link.as_info()
     if elects:
         info[CLOSES] = True  # it runs a syncer: a spread run may give it fragments to close
     if serving:

@@ -42,6 +42,7 @@ from gradientmail.session.resume import LearnerState, Stateful, check_stateful, 
 from gradientmail.session.roles import ELECTING_ROLES, ROLES
 from gradientmail.session.serving import ServingRole
 from gradientmail.session.training import OpenRun, tensors
+from gradientmail.session.transfer_meter import LinkReading
 from gradientmail.store import Retention, RunSpec, RunStore
 from gradientmail.syncer import SyncerRuntime
 from gradientmail.telemetry import hooks as telemetry
@@ -478,7 +479,17 @@ class Session:
             serving=self._serving.active,
             next_due=run.next_due if run is not None and run.open else None,
             ledger=self.ledger,
+            link=self.link_reading,
         )
+
+    @property
+    def link_reading(self) -> LinkReading | None:
+        """What share of a sync period this learner's transfers need, and at what rates
+        (``session.transfer_meter``); None before the first transfer or the step time."""
+        run, step_time_s = self._run, self._timer.step_time_s
+        if run is None or step_time_s is None:
+            return None
+        return run.loops.exchange.transfers.reading(self.algorithm.sync_every * step_time_s)
 
     def learner_schedule(self) -> LearnerSchedule:
         """Where this learner's schedule is, for the exchange's pace (``progress.learner_schedule``).
