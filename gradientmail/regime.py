@@ -27,11 +27,15 @@ __all__ = [
     "LINK_BUSY",
     "LINK_FIT",
     "MERGED_SHARE_TARGET",
+    "WIRE_FORMS",
+    "WireForm",
     "WorkLoss",
     "carried_work_hint",
     "contribution_bytes",
     "link_hint",
     "measure_work_loss",
+    "period_transfer_s",
+    "smallest_sync_every",
     "work_loss_hint",
 ]
 
@@ -191,3 +195,49 @@ def link_hint(holder: str, reading: LinkReading, spec: RunSpec) -> str | None:
     every = math.ceil(algorithm.sync_every * reading.busy_share / LINK_FIT)
     changes.append(f"sync_every={every} (GRADIENTMAIL_SYNC_EVERY={every}): the same transfers over more steps")
     return f'{seen}; set {", or ".join(changes)} (docs/operations.md, "A thin link")'
+
+
+# -- the regime map (docs/operations.md, "A thin link") -------------------------------------
+
+
+@dataclass(frozen=True)
+class WireForm:
+    """How a run's bytes travel: its contributions (None: fp32 floats) and the compact change of
+    each commit learners one version behind fetch (None: they fetch the full fp32 parameters)."""
+
+    name: str
+    contribution: Codec | SparseCodec | None
+    commit: Codec | SparseCodec | None
+
+    def contribution_bytes(self, parameters: int) -> int:
+        return 4 * parameters if self.contribution is None else self.contribution.nbytes(parameters)
+
+    def commit_bytes(self, parameters: int) -> int:
+        return 4 * parameters if self.commit is None else self.commit.nbytes(parameters)
+
+
+WIRE_FORMS = (
+    WireForm("defaults (fp32)", None, None),
+    WireForm("int4 both ways", Codec("int4"), Codec("int4")),
+    WireForm("sparse 1/64 (4 learners)", SparseCodec(64, 4096, "int2"), SparseCodec(256, 4096, "int4")),
+)
+"""The forms the regime map compares (``benchmarks.link``'s settings)."""
+OUTER_STATE_COPIES = 1
+"""fp32 copies of the model a commit writes beside its parameters: Nesterov's momentum."""
+
+
+def period_transfer_s(form: WireForm, parameters: int, link_bytes_per_s: float, learners: int, *, syncer: bool) -> float:
+    """Seconds a node's link needs per sync period: as a learner, one contribution up and one
+    commit down per parameter; the node that runs the syncer also reads every learner's
+    contribution and writes each commit whole (fp32 parameters and outer state, the compact
+    change beside them): what a takeover and a learner far behind read."""
+    moved = form.contribution_bytes(parameters) + form.commit_bytes(parameters)
+    if syncer:
+        moved += learners * form.contribution_bytes(parameters)
+        moved += 4 * parameters * (1 + OUTER_STATE_COPIES) + (form.commit_bytes(parameters) if form.commit else 0)
+    return moved / link_bytes_per_s
+
+
+def smallest_sync_every(transfer_s: float, step_s: float, fit: float = LINK_FIT) -> int:
+    """The smallest ``sync_every`` whose period holds ``transfer_s`` within ``fit`` of it."""
+    return max(1, math.ceil(transfer_s / (step_s * fit)))

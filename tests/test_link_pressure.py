@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,14 @@ import torch
 import gradientmail as gm
 from gradientmail.backends import get_backend
 from gradientmail.cli import main
-from gradientmail.regime import LINK_BUSY, contribution_bytes, link_hint
+from gradientmail.regime import (
+    LINK_BUSY,
+    WIRE_FORMS,
+    contribution_bytes,
+    link_hint,
+    period_transfer_s,
+    smallest_sync_every,
+)
 from gradientmail.session.join import RunProposal, join_run
 from gradientmail.session.transfer_meter import LINK, LinkReading, TransferMeter
 from gradientmail.store import LearnerLease, RunSpec, RunStore
@@ -126,7 +134,9 @@ def test_status_shows_each_learners_link_and_says_when_it_is_the_bottleneck(tmp_
 
 @pytest.mark.slow
 @pytest.mark.s3
-def test_a_learner_behind_a_thin_link_reads_its_transfers_as_the_bottleneck(make_s3_mailbox: Callable[..., gm.S3Mailbox], s3_server):
+def test_a_learner_behind_a_thin_link_reads_its_transfers_as_the_bottleneck(
+    make_s3_mailbox: Callable[..., gm.S3Mailbox], s3_server
+):
     """A real session on SeaweedFS behind the delay proxy (16 KiB per 20 ms round trip: about
     0.8 MB/s per connection), a 1 MB fragment and about 50 ms periods: an upload needs more than
     a period, the lease says so and the hint names a lighter form."""
@@ -156,3 +166,36 @@ def test_a_learner_behind_a_thin_link_reads_its_transfers_as_the_bottleneck(make
     assert reading is not None and reading.up_share > reading.down_share
     hint = link_hint("thin", found, spec)
     assert hint is not None and "delta_sparsity" in hint  # over 10× the period: only the sparse form fits
+
+
+def _regime_table() -> list[list[str]]:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = text.split("### The regime map", 1)[1].split("\n\n| parameters |", 1)[1]
+    lines = ("| parameters |" + section).split("\n\n", 1)[0].splitlines()
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+
+
+def test_the_regime_map_in_the_docs_is_what_the_function_computes():
+    sizes = {"100M": 10**8, "1B": 10**9, "7B": 7 * 10**9}
+    links = {"1 Gbit/s": 1e9, "100 Mbit/s": 1e8, "10 Mbit/s": 1e7}
+    rows = _regime_table()
+    assert len(rows) == len(sizes) * len(links)
+    for size, link, *cells in rows:
+        assert len(cells) == len(WIRE_FORMS)
+        for form, cell in zip(WIRE_FORMS, cells, strict=True):
+            learner, syncer = (
+                smallest_sync_every(period_transfer_s(form, sizes[size], links[link] / 8, 4, syncer=node), 1.0)
+                for node in (False, True)
+            )
+            assert cell == f"{learner} / {syncer}", (size, link, form.name)
+
+
+def test_the_defaults_node_with_the_syncer_moves_what_the_simulators_busiest_node_moves():
+    from gradientmail.simulate import Model
+    from gradientmail.simulate.bottleneck import busiest_node
+
+    parameters, learners, rate = 10**9, 4, 1.25e7
+    node = busiest_node(Model(model_bytes=4.0 * parameters, fragments=4), learners)
+    defaults = WIRE_FORMS[0]
+    predicted = period_transfer_s(defaults, parameters, rate, learners, syncer=True)
+    assert predicted == pytest.approx((node.ingress_bytes + node.egress_bytes) / rate)
