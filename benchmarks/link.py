@@ -165,6 +165,9 @@ def rows_of(rate: float, runs: dict[str, dict[str, Any]]) -> list[Row]:
                     "bytes_up_per_sync": found["bytes_up_per_sync"],
                     "bytes_down_per_sync": found["bytes_down_per_sync"],
                     "bytes_per_contribution": found.get("bytes_per_contribution"),
+                    "period_need": found.get("period_need"),
+                    "blocked_ms_per_sync": found.get("blocked_ms_per_sync"),
+                    "link_hints": found.get("link_hints", []),
                 },
             )
         )
@@ -172,20 +175,34 @@ def rows_of(rate: float, runs: dict[str, dict[str, Any]]) -> list[Row]:
 
 
 def print_table(rows: list[Row], sync_loss: dict[float, float]) -> None:
-    header = f"{'Mbit/s':>8}  {'arm':<30}{'× bare (per step)':>19}{'loss':>8}{'÷ sync':>8}{'steps':>8}{'MB on the pipe':>16}"
+    header = (
+        f"{'Mbit/s':>8}  {'arm':<30}{'× bare (per step)':>19}{'loss':>8}{'÷ sync':>8}{'steps':>8}{'MB on the pipe':>16}"
+        f"{'need ÷ period':>15}{'waited ms/sync':>16}"
+    )
     print(header)
     print("-" * len(header))
     for rate in sorted({r.rate_mbit for r in rows}, reverse=True):
-        print(f"{rate:8g}  {'synchronous DiLoCo (reference)':<30}{'—':>19}{sync_loss[rate]:8.3f}{'1':>8}{'':>8}{'':>16}")
+        print(f"{rate:8g}  {'synchronous DiLoCo (reference)':<30}{'—':>19}{sync_loss[rate]:8.3f}{'1':>8}")
         for r in (r for r in rows if r.rate_mbit == rate):
             ratio = f"{r.loss_ratio:.3f}" if r.loss_ratio is not None else "—"
             steps = f"{r.steps}" if r.steps == r.full_steps else f"{r.steps}/{r.full_steps}"
-            print(f"{'':8}  {r.name:<30}{r.throughput:19.3f}{r.loss:8.3f}{ratio:>8}{steps:>8}{r.crossed_mb:16.1f}")
+            need = r.extra.get("period_need")
+            needs = f"{need:15.2f}" if need is not None else f"{'—':>15}"
+            waited = r.extra.get("blocked_ms_per_sync")
+            waits = f"{waited:16.1f}" if waited is not None and r.name.startswith("GradientMail") else f"{'—':>16}"
+            print(f"{'':8}  {r.name:<30}{r.throughput:19.3f}{r.loss:8.3f}{ratio:>8}{steps:>8}{r.crossed_mb:16.1f}{needs}{waits}")
     print(
         "× bare: the bare loop's seconds per step ÷ the arm's, same run; ÷ sync: final held-out loss ÷ synchronous\n"
         "DiLoCo's (same seeds; only for arms that ran every step); MB on the pipe: the shaped class's bytes over the\n"
-        "whole run of that setting (every arm in it, every repeat). steps a/b: a peer-to-peer arm cut to the budget."
+        "whole run of that setting (every arm in it, every repeat). steps a/b: a peer-to-peer arm cut to the budget.\n"
+        "need ÷ period: what a sync period's transfers needed ÷ the period, the busiest learner's (its lease's link\n"
+        "reading, session.transfer_meter); over 1, the link could not carry a round a period. waited ms/sync: the\n"
+        "time session.step() held the training thread, per sync (mean over learners): its snapshot copies and\n"
+        "any wait for a commit overlap_steps asks for (none by default); uploads run on the exchange's thread."
     )
+    for r in rows:
+        for hint in r.extra.get("link_hints", [])[:1]:
+            print(f"  {r.rate_mbit:g} Mbit/s, {r.name}: gradientmail status would say: {hint}")
 
 
 def plot(rows: list[Row], path: Path) -> None:

@@ -122,8 +122,23 @@ class ArmResult:
     bytes_per_contribution: float | None = None
     """GradientMail: a learner's published pseudo-gradient bytes ÷ its contributions (median over
     repeats of the mean over learners): what one delta costs on the wire, whichever node ran the syncer."""
+    period_need: float | None = None
+    """GradientMail: what a sync period's transfers needed ÷ the period, the busiest learner's at
+    the end of its loop (``session.transfer_meter``), median over repeats; over 1: the link could
+    not carry a round a period."""
+    link_hints: list[str] = field(default_factory=list)
+    """GradientMail: the lines ``gradientmail status`` would print for its link-bound learners (last repeat)."""
     align_lag_steps: float | None = None
     """GradientMail: median steps from publishing a round (step v × H) to training on its commit."""
+
+
+def _period_need(learners: list[dict[str, Any]]) -> float | None:
+    """The busiest learner's share of a sync period its transfers needed (None: no reading)."""
+    from gradientmail.session.transfer_meter import LinkReading
+
+    readings = [LinkReading.from_info(r.get("link")) for r in learners]
+    shares = [reading.busy_share for reading in readings if reading is not None]
+    return max(shares) if shares else None
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -276,6 +291,9 @@ def summarise(arm: str, trials: list[dict[str, Any]], bare: ArmResult | None) ->
     if arm.startswith("gm"):
         requests = [sorted((r["mailbox_requests"] / syncs for r in t["learners"]), reverse=True) for t in trials]
         result.requests_per_sync = [statistics.median(column) for column in zip(*requests, strict=True)]
+        needs = [need for need in (_period_need(t["learners"]) for t in trials) if need is not None]
+        result.period_need = statistics.median(needs) if needs else None
+        result.link_hints = [r["link_hint"] for r in trials[-1]["learners"] if r.get("link_hint")]
         result.bytes_per_contribution = statistics.median(
             statistics.mean(r["bytes_published"] / max(1, r["contributions"]) for r in t["learners"]) for t in trials
         )

@@ -329,6 +329,8 @@ class CountingMailbox:
 
 def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> dict[str, Any]:
     import gradientmail as gm
+    from gradientmail.regime import link_hint
+    from gradientmail.session.transfer_meter import LinkReading
 
     model = build_model(args.hidden)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
@@ -375,6 +377,9 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
                 timeline.append((count, time.time(), "align", version))
 
         losses = _train(model, optimizer, batches, clock, after_step=step)
+        link: LinkReading | None = session.link_reading  # what a sync period's transfers needed, as the lease said
+        spec = session.spec
+        hint = link_hint(session.learner_id, link, spec) if link is not None and spec is not None else None
         closing = time.perf_counter()
     close_s = time.perf_counter() - closing
     mailbox.close()
@@ -394,6 +399,8 @@ def run_gradientmail(args: argparse.Namespace, batches: list, clock: _Clock) -> 
         "timeline": timeline,
         # steps from the publish of version v's round (step v × H) to aligning with it
         "align_lag_steps": [at - version * args.sync_every for at, version in aligned],
+        "link": link.as_info() if link is not None else None,
+        "link_hint": hint,
     }
 
 

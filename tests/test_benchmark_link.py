@@ -51,5 +51,7 @@ def test_quick_link_benchmark_runs_every_arm_through_the_pipe(tmp_path):
     defaults, int4 = result["rows"][1], result["rows"][2]
     # one published delta, whichever node ran the syncer (which node does is timing): int4 is far smaller
     assert 0 < int4["extra"]["bytes_per_contribution"] < defaults["extra"]["bytes_per_contribution"] / 2
+    # each learner's lease reading of what a period's transfers need came back with the run
+    assert defaults["extra"]["period_need"] > 0 and int4["extra"]["period_need"] > 0
     assert (tmp_path / "link.png").stat().st_size > 0
     assert "100 Mbit/s: int4 final loss" in done.stdout
