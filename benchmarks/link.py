@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(settings) - set(SETTINGS)
     if unknown or "defaults" not in settings:
         parser.error(f"--settings: {', '.join(sorted(unknown)) or 'defaults is required (its run holds the references)'}")
-    out = args.out or ROOT / "runs" / f"link-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    out = args.out.resolve() if args.out else ROOT / "runs" / f"link-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     out.mkdir(parents=True, exist_ok=True)
     parameters = mlp_parameters(args.hidden)
     tf = ["--no-torchft"] if args.no_torchft else []

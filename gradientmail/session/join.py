@@ -6,14 +6,18 @@ parameter names, shapes and dtypes, and its run key with the manifest and refuse
 a difference (``RunConfigMismatch`` lists every one). The lease TTL and the retention policy
 are the run's: a joiner with other settings uses the manifest's. A fragment still missing
 version 0 (its creator died half-way) is initialised by whoever joins next; create-once
-keeps that safe. A joiner loads each fragment's newest version it can read (``newest_readable``):
-a deleted or damaged blob of the newest (which the syncer restores by replay, INV-21) makes it
-start one version back, with a warning, instead of refusing to start.
+keeps that safe; a joiner other than the manifest's creator first waits up to the run's lease TTL
+for the creator to write it (``INITIAL_POLL_S``), so that learners started together do not each
+upload a whole model only to lose the create-once race (on a thin link, seconds each). A joiner
+loads each fragment's newest version it can read (``newest_readable``): a deleted or damaged blob
+of the newest (which the syncer restores by replay, INV-21) makes it start one version back, with
+a warning, instead of refusing to start.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -170,8 +174,11 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
     spec = RunSpec.from_manifest(manifest)
     if not created and (spec.lease_ttl_s != proposal.lease_ttl_s or spec.retention != proposal.retention):
         log.info("using the run's lease TTL (%gs) and retention (%s)", spec.lease_ttl_s, spec.retention.to_manifest())
+    # the creator writes version 0 itself (a creator restarted under its id too: it waits for nobody)
+    waits = not created and manifest.created_by != learner_id
+    deadline = time.monotonic() + (spec.lease_ttl_s if waits else 0.0)
     for fragment, names in enumerate(manifest.plan):
-        if store.newest_version(fragment) is None:
+        if not _version_zero_written(store, fragment, deadline):
             params = backend.read_parameters(model, names)
             state = OuterState.zeros(backend, params).to_tensors()
             initial = VersionDraft.of(
@@ -183,6 +190,20 @@ def join_run(store: RunStore, backend: Backend, model: Any, proposal: RunProposa
             )
             store.commit_version(initial, committed_by=learner_id, term=0, digest=spec.blob_digest)
     return spec, created
+
+
+INITIAL_POLL_S = 0.25
+"""How often a joiner looks for the version 0 the run's creator is writing."""
+
+
+def _version_zero_written(store: RunStore, fragment: int, deadline: float) -> bool:
+    """Whether ``fragment`` has a committed version, waiting for it until ``deadline`` (the
+    creator writes version 0 right after the manifest; past the deadline it is presumed dead)."""
+    while store.newest_version(fragment) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(INITIAL_POLL_S)
+    return True
 
 
 def _some(names: list[str], limit: int = 5) -> str:
