@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gradientmail.algorithms.diloco import DiLoCo
-from gradientmail.backends.payload import numpy_dtype
 from gradientmail.backends.quantize import Codec
 from gradientmail.backends.sparse import SparseCodec
 from gradientmail.records import RoundRecord
@@ -143,10 +142,8 @@ def carried_work_hint(loss: WorkLoss, algorithm: DiLoCo) -> str | None:
 
 def contribution_bytes(spec: RunSpec, codec: Codec | SparseCodec | None) -> int:
     """Payload bytes of one contribution of every fragment in the form ``codec`` (None: the
-    run's ``delta_dtype``), headers left out."""
-    if codec is None:
-        return sum(p.numel * numpy_dtype(spec.delta_dtype(name)).itemsize for name, p in spec.parameters.items())
-    return sum(codec.nbytes(p.numel) for p in spec.parameters.values())
+    run's ``delta_dtype``), headers left out (``RunSpec.contribution_bytes``)."""
+    return sum(spec.contribution_bytes(fragment, codec) for fragment in range(len(spec.fragments)))
 
 
 def _lighter_deltas(spec: RunSpec) -> list[tuple[str, Codec | SparseCodec]]:
@@ -181,12 +178,11 @@ def link_hint(holder: str, reading: LinkReading, spec: RunSpec) -> str | None:
     changes = []
     if reading.up_share >= reading.down_share:
         now = contribution_bytes(spec, algorithm.delta_codec)
-        lighter = _lighter_deltas(spec)
-        for setting, codec in lighter:
-            ratio = contribution_bytes(spec, codec) / now
-            if reading.up_share * ratio + reading.down_share <= LINK_FIT or codec is lighter[-1][1]:
-                changes.append(f"{setting}: {ratio:.2f}× the bytes per contribution")
-                break
+        lighter = [(setting, contribution_bytes(spec, codec) / now) for setting, codec in _lighter_deltas(spec)]
+        fitting = [(setting, ratio) for setting, ratio in lighter if reading.up_share * ratio + reading.down_share <= LINK_FIT]
+        if lighter:  # the lightest that fits, else the lightest there is
+            setting, ratio = (fitting or lighter[-1:])[0]
+            changes.append(f"{setting}: {ratio:.2f}× the bytes per contribution")
     elif algorithm.update_codec is None:
         changes.append(
             'update_quantization="int4" (GRADIENTMAIL_UPDATE_QUANTIZATION=int4): a learner one version behind '

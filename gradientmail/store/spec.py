@@ -8,12 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gradientmail.algorithms.diloco import DiLoCo
 from gradientmail.backends.payload import numpy_dtype
 from gradientmail.digests import DigestName
 from gradientmail.records import Manifest, ParameterSpec
 from gradientmail.store.retention import Retention
+
+if TYPE_CHECKING:
+    from gradientmail.backends.quantize import Codec
+    from gradientmail.backends.sparse import SparseCodec
 
 __all__ = ["DEFAULT_LEASE_TTL_S", "PAYLOAD_HEADER_SLACK", "RunSpec", "TensorShape"]
 
@@ -106,8 +111,12 @@ class RunSpec:
 
     def max_payload_bytes(self, fragment: int) -> int:
         """The largest a valid contribution payload of ``fragment`` can be."""
-        codec = self.algorithm.delta_codec
+        return self.contribution_bytes(fragment, self.algorithm.delta_codec) + PAYLOAD_HEADER_SLACK
+
+    def contribution_bytes(self, fragment: int, codec: Codec | SparseCodec | None) -> int:
+        """Bytes of a contribution of ``fragment`` in the wire form ``codec`` (None: as the run's
+        ``delta_dtype``), headers left out: the size check's and the link hint's one count."""
+        names = self.fragments[fragment]
         if codec is not None:
-            return sum(codec.nbytes(self.parameters[n].numel) for n in self.fragments[fragment]) + PAYLOAD_HEADER_SLACK
-        raw = sum(self.parameters[n].numel * numpy_dtype(self.delta_dtype(n)).itemsize for n in self.fragments[fragment])
-        return raw + PAYLOAD_HEADER_SLACK
+            return sum(codec.nbytes(self.parameters[n].numel) for n in names)
+        return sum(self.parameters[n].numel * numpy_dtype(self.delta_dtype(n)).itemsize for n in names)
